@@ -1,0 +1,249 @@
+"""Model config with exactly the fields of bilm-tf's options.json, plus the published sizes.
+
+`ModelConfig` is what the model functions read; it converts to and from the options.json dict
+(`lstm`, `char_cnn`) that bilm-tf and AllenNLP use, so a model trained here exports as-is.
+Training hyper-parameters live in the experiment config (`experiments/*.py`); `TRAINING_FIELDS`
+names the ones bilm-tf also writes into options.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+ACTIVATIONS = ("relu", "tanh")
+
+# Fields bilm-tf's training writes into options.json beside `lstm` and `char_cnn`.
+TRAINING_FIELDS = (
+    "bidirectional",
+    "dropout",
+    "all_clip_norm_val",
+    "n_epochs",
+    "n_train_tokens",
+    "batch_size",
+    "n_tokens_vocab",
+    "unroll_steps",
+    "n_negative_samples_batch",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTMConfig:
+    """`options.json["lstm"]`: C = dim, P = projection_dim, L = n_layers."""
+
+    dim: int
+    projection_dim: int
+    n_layers: int
+    cell_clip: float | None
+    proj_clip: float | None
+    use_skip_connections: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CharCNNConfig:
+    """`options.json["char_cnn"]`: D = embedding_dim, filters = ((width, count), ...)."""
+
+    embedding_dim: int
+    filters: tuple[tuple[int, int], ...]
+    n_highway: int
+    n_characters: int
+    max_characters_per_token: int
+    activation: str
+
+    @property
+    def n_filters(self) -> int:
+        """F: the total number of CNN filters, the width of the highway layers."""
+        return sum(count for _, count in self.filters)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    lstm: LSTMConfig
+    char_cnn: CharCNNConfig
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
+        """Reads the `lstm` and `char_cnn` parts of an options.json dict; extra keys are ignored."""
+
+        def field(section: dict, key: str, where: str, default: Any = ...) -> Any:
+            if key not in section:
+                if default is ...:
+                    raise ValueError(f"{source}: missing field {where}.{key}")
+                return default
+            return section[key]
+
+        for key in ("lstm", "char_cnn"):
+            if key not in options:
+                raise ValueError(f"{source}: missing field {key}")
+        lstm, cnn = options["lstm"], options["char_cnn"]
+        if "embedding" not in cnn or "dim" not in cnn["embedding"]:
+            raise ValueError(f"{source}: missing field char_cnn.embedding.dim")
+        activation = field(cnn, "activation", "char_cnn")
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"{source}: unknown activation {activation!r} in char_cnn.activation; "
+                f"expected one of {ACTIVATIONS}"
+            )
+        config = cls(
+            lstm=LSTMConfig(
+                dim=int(field(lstm, "dim", "lstm")),
+                projection_dim=int(field(lstm, "projection_dim", "lstm")),
+                n_layers=int(field(lstm, "n_layers", "lstm")),
+                cell_clip=field(lstm, "cell_clip", "lstm", None),
+                proj_clip=field(lstm, "proj_clip", "lstm", None),
+                use_skip_connections=bool(field(lstm, "use_skip_connections", "lstm")),
+            ),
+            char_cnn=CharCNNConfig(
+                embedding_dim=int(cnn["embedding"]["dim"]),
+                filters=tuple((int(w), int(n)) for w, n in field(cnn, "filters", "char_cnn")),
+                n_highway=int(field(cnn, "n_highway", "char_cnn")),
+                n_characters=int(field(cnn, "n_characters", "char_cnn")),
+                max_characters_per_token=int(field(cnn, "max_characters_per_token", "char_cnn")),
+                activation=activation,
+            ),
+        )
+        config.validate(source)
+        return config
+
+    def validate(self, source: str = "options") -> None:
+        positive = {
+            "lstm.dim": self.lstm.dim,
+            "lstm.projection_dim": self.lstm.projection_dim,
+            "lstm.n_layers": self.lstm.n_layers,
+            "char_cnn.embedding.dim": self.char_cnn.embedding_dim,
+            "char_cnn.max_characters_per_token": self.char_cnn.max_characters_per_token,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{source}: {name} must be positive, got {value}")
+        if not self.char_cnn.filters:
+            raise ValueError(f"{source}: char_cnn.filters is empty")
+        for width, _ in self.char_cnn.filters:
+            if width > self.char_cnn.max_characters_per_token:
+                raise ValueError(
+                    f"{source}: filter width {width} exceeds "
+                    f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
+                )
+        if self.char_cnn.n_characters < 261:
+            raise ValueError(
+                f"{source}: char_cnn.n_characters must be 261 or 262, got {self.char_cnn.n_characters}"
+            )
+
+    def to_options(self) -> dict[str, Any]:
+        """The options.json dict (model part) in bilm-tf's layout."""
+        return {
+            "lstm": {
+                "dim": self.lstm.dim,
+                "projection_dim": self.lstm.projection_dim,
+                "n_layers": self.lstm.n_layers,
+                "cell_clip": self.lstm.cell_clip,
+                "proj_clip": self.lstm.proj_clip,
+                "use_skip_connections": self.lstm.use_skip_connections,
+            },
+            "char_cnn": {
+                "embedding": {"dim": self.char_cnn.embedding_dim},
+                "filters": [list(f) for f in self.char_cnn.filters],
+                "n_highway": self.char_cnn.n_highway,
+                "n_characters": self.char_cnn.n_characters,
+                "max_characters_per_token": self.char_cnn.max_characters_per_token,
+                "activation": self.char_cnn.activation,
+            },
+        }
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        try:
+            options = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"options file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_options(options, source=str(path))
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+        """Writes options.json; `extra` adds bilm-tf training fields (see TRAINING_FIELDS)."""
+        Path(path).write_text(json.dumps({**self.to_options(), **(extra or {})}, indent=2) + "\n")
+
+    def differences(self, other: ModelConfig) -> list[str]:
+        """Names of the options fields (`lstm.dim`, ...) whose values differ from `other`."""
+        return _dict_differences(self.to_options(), other.to_options())
+
+
+def _dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        name = f"{prefix}{key}"
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _dict_differences(va, vb, name + ".")
+        elif va != vb:
+            out.append(f"{name}: {va!r} != {vb!r}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainHParams:
+    """The training recipe (ELMO_SPEC.md section 5); names follow bilm-tf's options.json."""
+
+    batch_size: int = 128  # rows per step (global, over all devices)
+    unroll_steps: int = 20  # window T
+    n_tokens_vocab: int = 793_471  # softmax rows V
+    n_negative_samples_batch: int = 8192
+    dropout: float = 0.1
+    all_clip_norm_val: float = 10.0
+    learning_rate: float = 0.2
+    initial_accumulator_value: float = 1.0
+
+    def options_fields(self) -> dict[str, Any]:
+        """The bilm-tf options.json training fields these values fill."""
+        return {
+            "bidirectional": True,
+            "dropout": self.dropout,
+            "all_clip_norm_val": self.all_clip_norm_val,
+            "batch_size": self.batch_size,
+            "n_tokens_vocab": self.n_tokens_vocab,
+            "unroll_steps": self.unroll_steps,
+            "n_negative_samples_batch": self.n_negative_samples_batch,
+        }
+
+
+_PUBLISHED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
+
+
+def _published(dim: int, projection_dim: int, n_highway: int) -> dict[str, Any]:
+    return {
+        "lstm": {
+            "dim": dim,
+            "projection_dim": projection_dim,
+            "n_layers": 2,
+            "cell_clip": 3,
+            "proj_clip": 3,
+            "use_skip_connections": True,
+        },
+        "char_cnn": {
+            "embedding": {"dim": 16},
+            "filters": _PUBLISHED_FILTERS,
+            "n_highway": n_highway,
+            "n_characters": 262,
+            "max_characters_per_token": 50,
+            "activation": "relu",
+        },
+    }
+
+
+# The published ELMo sizes (ELMO_SPEC.md section 1), as options.json dicts.
+PUBLISHED_OPTIONS: dict[str, dict[str, Any]] = {
+    "small": _published(1024, 128, 1),
+    "medium": _published(2048, 256, 1),
+    "original": _published(4096, 512, 2),
+}
+
+
+def published(name: str) -> ModelConfig:
+    """The published model sizes by name: small, medium, original."""
+    if name not in PUBLISHED_OPTIONS:
+        raise ValueError(f"unknown model size {name!r}; expected one of {sorted(PUBLISHED_OPTIONS)}")
+    return ModelConfig.from_options(PUBLISHED_OPTIONS[name], source=name)

@@ -1,0 +1,79 @@
+"""bilm-tf / AllenNLP weight files (ELMO_SPEC.md section 3) <-> the params pytree.
+
+The file holds the token encoder and both LSTM stacks, no softmax; `char_embed` has no padding
+row (261 rows), which loading prepends and saving drops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from elmo_jax.config import ModelConfig
+
+Params = dict
+
+
+def _lstm_prefix(direction: int, layer: int) -> str:
+    return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every dataset of the weight file and its shape."""
+    cnn, lstm = config.char_cnn, config.lstm
+    D, F, P, C = cnn.embedding_dim, cnn.n_filters, lstm.projection_dim, lstm.dim
+    shapes = {"char_embed": (261, D)}
+    for i, (width, count) in enumerate(cnn.filters):
+        shapes[f"CNN/W_cnn_{i}"] = (1, width, D, count)
+        shapes[f"CNN/b_cnn_{i}"] = (count,)
+    for k in range(cnn.n_highway):
+        for name, shape in (("W_carry", (F, F)), ("W_transform", (F, F)), ("b_carry", (F,)), ("b_transform", (F,))):
+            shapes[f"CNN_high_{k}/{name}"] = shape
+    shapes["CNN_proj/W_proj"] = (F, P)
+    shapes["CNN_proj/b_proj"] = (P,)
+    for d in range(2):
+        for layer in range(lstm.n_layers):
+            prefix = _lstm_prefix(d, layer)
+            shapes[f"{prefix}/W_0"] = (P + P, 4 * C)
+            shapes[f"{prefix}/B"] = (4 * C,)
+            shapes[f"{prefix}/W_P_0"] = (C, P)
+    return shapes
+
+
+def load_weights(path: str | Path, config: ModelConfig) -> Params:
+    """Reads a weight file into params (float32 numpy arrays, no `softmax`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weight file not found: {path}")
+    with h5py.File(path, "r") as f:
+        data = {}
+        for name, shape in expected_shapes(config).items():
+            if name not in f:
+                raise ValueError(f"{path}: missing dataset {name} (expected shape {shape})")
+            value = np.asarray(f[name], dtype=np.float32)
+            if value.shape != shape:
+                raise ValueError(f"{path}: dataset {name} has shape {value.shape}, expected {shape}")
+            data[name] = value
+    cnn, lstm = config.char_cnn, config.lstm
+    token_encoder = {
+        "char_embed": np.concatenate([np.zeros((1, cnn.embedding_dim), np.float32), data["char_embed"]]),
+        "cnn": {
+            f"filter_{i}": {"W": data[f"CNN/W_cnn_{i}"][0], "b": data[f"CNN/b_cnn_{i}"]}
+            for i in range(len(cnn.filters))
+        },
+        "highway": {
+            f"layer_{k}": {name: data[f"CNN_high_{k}/{name}"] for name in ("W_carry", "b_carry", "W_transform", "b_transform")}
+            for k in range(cnn.n_highway)
+        },
+        "proj": {"W": data["CNN_proj/W_proj"], "b": data["CNN_proj/b_proj"]},
+    }
+    layers = {
+        f"layer_{layer}": {
+            name: np.stack([data[f"{_lstm_prefix(d, layer)}/{name}"] for d in range(2)])
+            for name in ("W_0", "B", "W_P_0")
+        }
+        for layer in range(lstm.n_layers)
+    }
+    return {"token_encoder": token_encoder, "lstm": layers}

@@ -1,0 +1,88 @@
+"""The biLM: token encoder, forward and backward LSTM stacks, all layers out.
+
+Params are a plain nested dict:
+  token_encoder: char_embed (n_characters, D), cnn/filter_i {W (w, D, n), b (n,)},
+                 highway/layer_k {W_carry, b_carry, W_transform, b_transform}, proj {W (F, P), b}
+  lstm:          layer_l {W_0 (2, 2P, 4C), B (2, 4C), W_P_0 (2, C, P)}  (axis 0: fwd, bwd)
+  softmax:       W (V, P), b (V,)  (absent in an embedding-only model)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.model.lstm import LSTMState, apply_dropout, init_lstm, lstm_stacks
+from elmo_jax.model.token_encoder import encode_tokens, init_token_encoder
+
+Params = dict
+
+
+def init_params(rng: jax.Array, config: ModelConfig, vocab_size: int | None) -> Params:
+    """Fresh params as bilm-tf initialises them; no softmax when `vocab_size` is None."""
+    k_tok, k_lstm, k_soft = jax.random.split(rng, 3)
+    params = {"token_encoder": init_token_encoder(k_tok, config), "lstm": init_lstm(k_lstm, config)}
+    if vocab_size is not None:
+        P = config.lstm.projection_dim
+        params["softmax"] = {
+            "W": jax.random.normal(k_soft, (vocab_size, P)) / np.sqrt(P),
+            "b": jnp.zeros((vocab_size,)),
+        }
+    return params
+
+
+def bilm_top(
+    params: Params,
+    chars_2BTC: jax.Array,
+    mask_BT: jax.Array,
+    state: LSTMState,
+    config: ModelConfig,
+    dropout_rng: jax.Array | None = None,
+    dropout: float = 0.0,
+    unroll: int = 1,
+) -> tuple[jax.Array, LSTMState]:
+    """Training/evaluation view: the forward stream and the backward stream (already reversed
+    within each sentence) -> top LSTM layer (2, B, T, P) and the new state. With a dropout rng,
+    dropout is applied as bilm-tf does, including once more on the top output."""
+    two, B, T, C = chars_2BTC.shape
+    tokens = encode_tokens(params["token_encoder"], chars_2BTC.reshape(two * B * T, C), config)
+    layers, state = lstm_stacks(
+        params["lstm"], tokens.reshape(two, B, T, -1), mask_BT, state, config, dropout_rng, dropout, unroll
+    )
+    top = layers[-1]
+    if dropout_rng is not None and dropout > 0.0:
+        top = apply_dropout(jax.random.fold_in(dropout_rng, config.lstm.n_layers), top, dropout)
+    return top, state
+
+
+def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """Reverses the first lengths[b] steps of each row (axis 1), leaving the padding in place."""
+    T = x_BT.shape[1]
+    t = jnp.arange(T)[None, :]
+    index = jnp.where(t < lengths_B[:, None], lengths_B[:, None] - 1 - t, t)
+    index = index.reshape(index.shape + (1,) * (x_BT.ndim - 2))
+    return jnp.take_along_axis(x_BT, index, axis=1)
+
+
+def bilm_layers(
+    params: Params, chars_BTC: jax.Array, state: LSTMState, config: ModelConfig, unroll: int = 1
+) -> tuple[jax.Array, jax.Array, LSTMState]:
+    """Inference view: sentences (B, T, C) with `<S>`/`</S>` in place, left-aligned, padded
+    slots all 0 -> every layer (L + 1, B, T, 2P), mask (B, T) and the new state.
+
+    Layer 0 is [token | token]; layer l >= 1 is [forward_l | backward_l], where the backward
+    LSTMs read each sentence from its `</S>` down to its `<S>`. Padded positions are 0.
+    """
+    B, T, C = chars_BTC.shape
+    mask_BT = jnp.any(chars_BTC > 0, axis=-1)
+    lengths = mask_BT.sum(axis=1)
+    tokens_BTP = encode_tokens(params["token_encoder"], chars_BTC.reshape(B * T, C), config).reshape(B, T, -1)
+    tokens_BTP = jnp.where(mask_BT[..., None], tokens_BTP, 0.0)
+    x_2BTP = jnp.stack([tokens_BTP, reverse_within(tokens_BTP, lengths)])
+    layers_L2BTP, state = lstm_stacks(params["lstm"], x_2BTP, mask_BT, state, config, unroll=unroll)
+    backward = jax.vmap(lambda x: reverse_within(x, lengths))(layers_L2BTP[:, 1])
+    lstm_layers = jnp.concatenate([layers_L2BTP[:, 0], backward], axis=-1)
+    token_layer = jnp.concatenate([tokens_BTP, tokens_BTP], axis=-1)[None]
+    return jnp.concatenate([token_layer, lstm_layers]), mask_BT, state

@@ -1,0 +1,72 @@
+"""The LM losses: bilm-tf's sampled softmax for training and the full softmax for evaluation
+(ELMO_SPEC.md section 5). One table W (V, P), b (V,) serves both directions.
+
+The sampler reproduces TF's `log_uniform_candidate_sampler(unique=True)`: drawing with
+replacement until S distinct ids are held gives the same distinct ids, in the same order, as
+successive sampling without replacement, which `top_k(log P + Gumbel)` draws in one shot; the
+number of draws TF would have needed (`num_tries`) is S plus a geometric number of repeats
+between consecutive new ids, drawn here exactly. The log-Q correction is then TF's
+expected count -expm1(num_tries * log1p(-P(k))).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+def log_uniform_log_probs(vocab_size: int) -> jax.Array:
+    """log P(k) = log((log(k + 2) - log(k + 1)) / log(V + 1)), k = 0..V-1."""
+    k = jnp.arange(vocab_size, dtype=jnp.float32)
+    return jnp.log(jnp.log1p(1.0 / (k + 1.0))) - jnp.log(jnp.log(vocab_size + 1.0))
+
+
+class Candidates(NamedTuple):
+    """S distinct sampled ids (S,) and the number of with-replacement draws TF would take."""
+
+    ids: jax.Array
+    num_tries: jax.Array
+
+    def log_expected_count(self, ids: jax.Array, log_p: jax.Array) -> jax.Array:
+        """log of TF's expected count of each id in `ids` (any shape)."""
+        p = jnp.exp(log_p[ids])
+        return jnp.log(-jnp.expm1(self.num_tries * jnp.log1p(-p)))
+
+
+def sample_candidates(rng: jax.Array, log_p: jax.Array, num_sampled: int) -> Candidates:
+    """Draws `num_sampled` distinct ids from the log-uniform law as TF's unique sampler does."""
+    k_gumbel, k_tries = jax.random.split(rng)
+    _, ids = jax.lax.top_k(log_p + jax.random.gumbel(k_gumbel, log_p.shape), num_sampled)
+    # After j distinct ids of total mass m_j, repeats before the next new id ~ Geometric(1 - m_j).
+    mass = jnp.cumsum(jnp.exp(log_p[ids]))[:-1]
+    u = jax.random.uniform(k_tries, mass.shape, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
+    repeats = jnp.floor(jnp.log(u) / jnp.log(jnp.clip(mass, 1e-30, 1.0 - 1e-7)))
+    return Candidates(ids, num_sampled + jnp.sum(repeats))
+
+
+def sampled_softmax_ce(
+    h_NP: jax.Array,
+    targets_N: jax.Array,
+    W_VP: jax.Array,
+    b_V: jax.Array,
+    candidate_ids_S: jax.Array,
+    log_q_candidates_S: jax.Array,
+    log_q_targets_N: jax.Array,
+) -> jax.Array:
+    """Per-position cross entropy (N,) of the true class against the sampled ones.
+
+    Logits are corrected by -log Q; a candidate equal to the position's target (an accidental
+    hit) is removed.
+    """
+    true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N] - log_q_targets_N
+    sampled = h_NP @ W_VP[candidate_ids_S].T + b_V[candidate_ids_S] - log_q_candidates_S
+    sampled = jnp.where(candidate_ids_S[None, :] == targets_N[:, None], -jnp.inf, sampled)
+    return jnp.logaddexp(true_logit, jax.nn.logsumexp(sampled, axis=-1)) - true_logit
+
+
+def full_softmax_ce(h_NP: jax.Array, targets_N: jax.Array, W_VP: jax.Array, b_V: jax.Array) -> jax.Array:
+    """Per-position cross entropy (N,) over the whole vocabulary."""
+    logits = h_NP @ W_VP.T + b_V
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets_N[:, None], axis=-1)[:, 0]

@@ -1,0 +1,166 @@
+"""The stream batcher: B rows of packed sentences cut into windows of T (ELMO_SPEC.md section 5).
+
+Row r reads the sentences perm_e[r], perm_e[r + B], perm_e[r + 2B], ... of epoch e (perm_e a
+permutation drawn from (seed, e), or the identity without shuffling), then goes on to epoch
+e + 1: an endless stream `<S> w1 ... wn </S> <S> ...`. As in bilm-tf, a sentence of n words
+gives n + 1 positions: forward inputs `<S> w1 ... wn`, targets `w1 ... wn </S>`; the backward LM
+reads the same sentence reversed, inputs `</S> wn ... w1`, targets `wn ... w1 <S>`. Both streams
+hold the same sentences at the same positions, so the carried LSTM state of each row continues
+across batches. The position of every row is a small JSON-serialisable state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from elmo_jax.text.vocab import Vocabulary
+
+
+class Corpus(Protocol):
+    """Random access to tokenized sentences."""
+
+    name: str
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> list[str]: ...
+
+
+class StreamBatcher:
+    """Yields batches {"inputs": (2, B, T, C) char ids, "targets": (2, B, T), "mask": (B, T)}.
+
+    Axis 0 of inputs and targets is the direction: 0 forward, 1 backward. `rows` selects the
+    global rows this process produces (all `batch_size` by default). With `single_pass` every row
+    stops after one epoch and pads with mask 0; iteration ends when every row is done.
+    """
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        vocab: Vocabulary,
+        batch_size: int,
+        unroll_steps: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        single_pass: bool = False,
+        rows: Sequence[int] | None = None,
+        chars: CharTable | None = None,
+    ):
+        if len(corpus) == 0:
+            raise ValueError(f"{corpus.name}: the corpus holds no sentences")
+        if len(corpus) < batch_size and not single_pass:
+            raise ValueError(f"{corpus.name}: {len(corpus)} sentences cannot fill {batch_size} rows")
+        self.corpus, self.vocab = corpus, vocab
+        self.batch_size, self.unroll_steps = batch_size, unroll_steps
+        self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
+        self.rows = list(range(batch_size) if rows is None else rows)
+        self.chars = chars or CharTable()
+        self._perms: dict[int, np.ndarray] = {}
+        # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
+        self._pos = [[0, 0, 0] for _ in self.rows]
+        self._current: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.rows)
+
+    # -- state ---------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"seed": self.seed, "batch_size": self.batch_size, "rows": [list(p) for p in self._pos]}
+
+    def restore(self, state: dict) -> None:
+        if state["batch_size"] != self.batch_size or state["seed"] != self.seed:
+            raise ValueError(
+                f"batcher state is for batch_size={state['batch_size']}, seed={state['seed']}; "
+                f"this batcher has batch_size={self.batch_size}, seed={self.seed}"
+            )
+        if len(state["rows"]) != len(self.rows):
+            raise ValueError(f"batcher state has {len(state['rows'])} rows, expected {len(self.rows)}")
+        self._pos = [list(map(int, p)) for p in state["rows"]]
+        self._current = [None] * len(self.rows)
+
+    @property
+    def epoch(self) -> float:
+        """Fractional epochs done, averaged over this process's rows."""
+        return float(np.mean([e + k * self.batch_size / len(self.corpus) for e, k, _ in self._pos]))
+
+    # -- sentences -----------------------------------------------------------------------
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            n = len(self.corpus)
+            if self.shuffle:
+                perm = np.random.default_rng([self.seed, epoch]).permutation(n)
+            else:
+                perm = np.arange(n)
+            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+            self._perms[epoch] = perm
+        return self._perms[epoch]
+
+    def _sentence(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Sentence index i -> (word ids (n + 2,), char-table rows (n + 2,)); None if empty."""
+        words = self.corpus[i]
+        if not words:
+            return None
+        tokens = [BOS_TOKEN, *words, EOS_TOKEN]
+        return self.vocab.ids(tokens), self.chars.ids(tokens)
+
+    def _advance(self, j: int) -> bool:
+        """Loads local row j's next non-empty sentence; False when a single pass is over."""
+        row, n = self.rows[j], len(self.corpus)
+        while True:
+            epoch, k, _ = self._pos[j]
+            index = row + k * self.batch_size
+            if index >= n:
+                if self.single_pass:
+                    return False
+                self._pos[j] = [epoch + 1, 0, 0]
+                continue
+            sentence = self._sentence(int(self._perm(epoch)[index]))
+            if sentence is not None:
+                self._current[j] = sentence
+                return True
+            self._pos[j] = [epoch, k + 1, 0]
+
+    # -- batches -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        T, B = self.unroll_steps, len(self.rows)
+        rows = np.zeros((2, B, T), dtype=np.int64)
+        targets = np.zeros((2, B, T), dtype=np.int32)
+        mask = np.zeros((B, T), dtype=bool)
+        for j in range(B):
+            t = 0
+            while t < T:
+                if self._current[j] is None and not self._advance(j):
+                    break
+                ids, char_rows = self._current[j]
+                epoch, k, offset = self._pos[j]
+                take = min(len(ids) - 1 - offset, T - t)
+                stop = offset + take
+                # Reversed positions: backward position p reads reversed token p.
+                rev_in = len(ids) - 1 - np.arange(offset, stop)
+                rows[0, j, t : t + take] = char_rows[offset:stop]
+                targets[0, j, t : t + take] = ids[offset + 1 : stop + 1]
+                rows[1, j, t : t + take] = char_rows[rev_in]
+                targets[1, j, t : t + take] = ids[rev_in - 1]
+                mask[j, t : t + take] = True
+                t += take
+                if stop == len(ids) - 1:
+                    self._pos[j] = [epoch, k + 1, 0]
+                    self._current[j] = None
+                else:
+                    self._pos[j] = [epoch, k, stop]
+        if not mask.any():
+            raise StopIteration
+        inputs = self.chars.lookup(rows)
+        inputs[:, ~mask] = 0
+        return {"inputs": inputs, "targets": targets, "mask": mask}
+
+    def positions_per_epoch(self) -> int:
+        """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""
+        return sum(len(s) + 1 for s in (self.corpus[i] for i in range(len(self.corpus))) if s)
+
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.positions_per_epoch() / (self.batch_size * self.unroll_steps))

@@ -1,0 +1,82 @@
+"""The word vocabulary of the softmax (ELMO_SPEC.md section 5).
+
+File format (bilm-tf): one token a line, id = line number; `<S>`, `</S>` and `<UNK>` must be
+present (written first); the other words sorted by descending count, which the log-uniform
+sampler relies on. Out-of-vocabulary targets map to `<UNK>`.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
+
+SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+
+
+class Vocabulary:
+    def __init__(self, words: list[str], source: str = "vocabulary"):
+        self.words = list(words)
+        self._id = {}
+        for i, w in enumerate(self.words):
+            if w in self._id:
+                raise ValueError(f"{source}: duplicate word {w!r} on lines {self._id[w] + 1} and {i + 1}")
+            self._id[w] = i
+        missing = [t for t in SPECIAL_TOKENS if t not in self._id]
+        if missing:
+            raise ValueError(f"{source}: missing the special token(s) {', '.join(missing)}")
+        self.bos, self.eos, self.unk = (self._id[t] for t in SPECIAL_TOKENS)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self._id
+
+    def id(self, word: str) -> int:
+        return self._id.get(word, self.unk)
+
+    def ids(self, tokens: Iterable[str]) -> np.ndarray:
+        """Tokens -> int32 word ids, out-of-vocabulary -> `<UNK>`."""
+        get, unk = self._id.get, self.unk
+        return np.array([get(t, unk) for t in tokens], dtype=np.int32)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"vocabulary file not found: {path}")
+        words = path.read_text(encoding="utf-8").split("\n")
+        if words and words[-1] == "":
+            words.pop()
+        words = [w.strip() for w in words]
+        if not words:
+            raise ValueError(f"{path}: the vocabulary file is empty")
+        if "" in words:
+            raise ValueError(f"{path}: empty line {words.index('') + 1}")
+        return cls(words, source=str(path))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text("\n".join(self.words) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_counts(cls, counts: collections.Counter, min_count: int = 1) -> Vocabulary:
+        """Special tokens first, then words by descending count, ties by the word itself."""
+        kept = [(w, c) for w, c in counts.items() if c >= min_count and w not in SPECIAL_TOKENS]
+        kept.sort(key=lambda wc: (-wc[1], wc[0]))
+        return cls(list(SPECIAL_TOKENS) + [w for w, _ in kept])
+
+
+def count_words(sentences: Iterable[list[str]]) -> collections.Counter:
+    """Word counts over tokenized sentences, with `</S>` counted once per sentence."""
+    counts: collections.Counter = collections.Counter()
+    n = 0
+    for sentence in sentences:
+        counts.update(sentence)
+        n += 1
+    counts[EOS_TOKEN] += n
+    return counts
