@@ -91,7 +91,7 @@ def train_step(
         "loss": loss,
         "loss_forward": losses[0],
         "loss_backward": losses[1],
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "tokens": batch["mask"].sum(),
     }
     new_state = state.replace(params=params, opt_state=opt_state, lstm_state=lstm_state, step=state.step + 1)

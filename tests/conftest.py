@@ -1,0 +1,31 @@
+"""Shared test set-up: JAX on CPU, full float32 matmuls, a persistent compile cache, and the
+location of the shared fixtures (ELMO_JAX_FIXTURES, default ../shared/fixtures).
+
+Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
+(as .ci/run sets), which makes their absence a failure.
+"""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+jax.config.update("jax_default_matmul_precision", "highest")
+jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not (FIXTURES / "elmo" / "options.json").is_file():
+        message = f"shared fixtures not found at {FIXTURES} (set ELMO_JAX_FIXTURES)"
+        if os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return FIXTURES

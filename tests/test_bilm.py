@@ -1,0 +1,81 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.model.bilm import bilm_layers, init_params, reverse_within
+from elmo_jax.model.lstm import LSTMState
+from elmo_jax.text.chars import encode_tokens
+
+TINY = {
+    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
+    "char_cnn": {
+        "embedding": {"dim": 4},
+        "filters": [[1, 4], [2, 8]],
+        "n_highway": 1,
+        "n_characters": 262,
+        "max_characters_per_token": 50,
+        "activation": "relu",
+    },
+}
+
+
+def sentence_chars(sentences, T):
+    out = np.zeros((len(sentences), T, 50), np.int32)
+    for i, s in enumerate(sentences):
+        tokens = ["<S>", *s.split(), "</S>"]
+        out[i, : len(tokens)] = encode_tokens(tokens)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = ModelConfig.from_options(TINY)
+    params = init_params(jax.random.key(1), config, vocab_size=None)
+    run = jax.jit(lambda p, chars, state: bilm_layers(p, chars, state, config))
+    return config, params, run
+
+
+def test_reverse_within():
+    x = jnp.arange(10).reshape(2, 5)
+    np.testing.assert_array_equal(reverse_within(x, jnp.array([3, 5])), [[2, 1, 0, 3, 4], [9, 8, 7, 6, 5]])
+
+
+def test_padding_changes_neither_state_nor_output(model):
+    config, params, run = model
+    alone = sentence_chars(["the river bank"], 5)
+    padded = sentence_chars(["the river bank", "a sentence about the money bank ."], 9)
+    zero1, zero2 = LSTMState.zeros(config, 1), LSTMState.zeros(config, 2)
+    layers1, mask1, state1 = run(params, alone, zero1)
+    layers2, mask2, state2 = run(params, padded, zero2)
+    assert layers2.shape == (3, 2, 9, 16)
+    np.testing.assert_allclose(layers2[:, 0, :5], layers1[:, 0], atol=1e-6)
+    assert (np.asarray(layers2[:, 0, 5:]) == 0).all()
+    assert np.asarray(mask2).sum(1).tolist() == [5, 9]
+    for a, b in zip(state1, state2):
+        np.testing.assert_allclose(a[:, :, 0], b[:, :, 0], atol=1e-6)
+    # Layer 0 is the token layer twice; the backward half of layer 1 reads the sentence reversed.
+    np.testing.assert_array_equal(layers1[0, 0, :, :8], layers1[0, 0, :, 8:])
+
+
+def test_backward_lstm_reads_from_the_end(model):
+    """Changing the first word changes every forward position, but backward positions only at
+    and before it (here: position 1 and the <S> at 0)."""
+    config, params, run = model
+    zero = LSTMState.zeros(config, 1)
+    a, _, _ = run(params, sentence_chars(["bank of the river"], 6), zero)
+    b, _, _ = run(params, sentence_chars(["shore of the river"], 6), zero)
+    diff = np.abs(np.asarray(a - b))[1, 0]  # layer 1, (T, 2P)
+    forward, backward = diff[:, :8].max(-1), diff[:, 8:].max(-1)
+    assert (forward[1:] > 1e-6).all()
+    assert (backward[:2] > 1e-6).all() and (backward[2:] == 0).all()
+
+
+def test_carried_state_changes_the_next_batch(model):
+    config, params, run = model
+    chars = sentence_chars(["the river bank"], 5)
+    first, _, state = run(params, chars, LSTMState.zeros(config, 1))
+    second, _, _ = run(params, chars, state)
+    assert np.abs(np.asarray(first[1:] - second[1:])).max() > 1e-4
+    np.testing.assert_array_equal(first[0], second[0])  # the token layer has no state

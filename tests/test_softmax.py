@@ -1,0 +1,76 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.model.softmax import (
+    full_softmax_ce,
+    log_uniform_log_probs,
+    sample_candidates,
+    sampled_softmax_ce,
+)
+
+
+def test_log_uniform_law():
+    V = 1000
+    p = np.exp(np.asarray(log_uniform_log_probs(V), np.float64))
+    k = np.arange(V)
+    np.testing.assert_allclose(p, (np.log(k + 2) - np.log(k + 1)) / np.log(V + 1), rtol=1e-5)
+    assert abs(p.sum() - 1) < 1e-5
+
+
+def test_every_class_sampled_equals_full_softmax():
+    rng = np.random.default_rng(0)
+    N, V, P = 12, 30, 6
+    h = jnp.asarray(rng.normal(size=(N, P)), jnp.float32)
+    W = jnp.asarray(rng.normal(size=(V, P)), jnp.float32)
+    b = jnp.asarray(rng.normal(size=V), jnp.float32)
+    targets = jnp.asarray(rng.integers(V, size=N))
+    candidates = jnp.asarray(rng.permutation(V))  # every class, in any order; expected count 1
+    sampled = sampled_softmax_ce(h, targets, W, b, candidates, jnp.zeros(V), jnp.zeros(N))
+    np.testing.assert_allclose(sampled, full_softmax_ce(h, targets, W, b), rtol=1e-5)
+    want = jax.nn.logsumexp(h @ W.T + b, axis=-1) - (h @ W.T + b)[jnp.arange(N), targets]
+    np.testing.assert_allclose(full_softmax_ce(h, targets, W, b), want, rtol=1e-5)
+
+
+def test_accidental_hits_are_removed_and_log_q_corrects():
+    h = jnp.array([[1.0, 0.0]])
+    W = jnp.array([[2.0, 0.0], [0.5, 0.0], [-1.0, 0.0]])
+    b = jnp.zeros(3)
+    log_q = jnp.log(jnp.array([0.5, 0.25, 0.8]))
+    candidates = jnp.array([0, 1, 2])
+    ce = sampled_softmax_ce(h, jnp.array([0]), W, b, candidates, log_q, log_q[:1])
+    # Candidate 0 is the target: it appears once, as the true class, never as a negative.
+    true = 2.0 - np.log(0.5)
+    negatives = np.array([0.5 - np.log(0.25), -1.0 - np.log(0.8)])
+    want = np.log(np.exp(true) + np.exp(negatives).sum()) - true
+    np.testing.assert_allclose(ce, [want], rtol=1e-6)
+
+
+def test_sampler_draws_distinct_ids_following_the_log_uniform_law():
+    V, S, draws = 50, 10, 4000
+    log_p = log_uniform_log_probs(V)
+    sample = jax.jit(jax.vmap(lambda k: sample_candidates(k, log_p, S)))
+    cand = sample(jax.random.split(jax.random.key(0), draws))
+    ids = np.asarray(cand.ids)
+    assert all(len(set(row)) == S for row in ids)
+    p = np.exp(np.asarray(log_p, np.float64))
+    # The first id of each draw is one plain draw from P.
+    first = np.bincount(ids[:, 0], minlength=V) / draws
+    assert np.abs(first - p).max() < 4 * np.sqrt(p.max() / draws)
+    # Inclusion frequencies match TF's expected count 1 - (1 - P)^num_tries on average.
+    tries = np.asarray(cand.num_tries, np.float64)
+    assert (tries >= S).all() and tries.mean() > S
+    expected = (1 - (1 - p[None, :]) ** tries[:, None]).mean(0)
+    included = np.zeros(V)
+    np.add.at(included, ids.ravel(), 1)
+    np.testing.assert_allclose(included / draws, expected, atol=0.03)
+    # num_tries follows the coupon-collector law: its mean matches a direct simulation.
+    direct = []
+    gen = np.random.default_rng(1)
+    for _ in range(2000):
+        seen, n = set(), 0
+        while len(seen) < S:
+            seen.add(gen.choice(V, p=p / p.sum()))
+            n += 1
+        direct.append(n)
+    assert abs(tries.mean() - np.mean(direct)) < 0.05 * np.mean(direct)

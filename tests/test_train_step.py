@@ -1,0 +1,73 @@
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.demo_corpus import DemoCorpus, grammar
+from elmo_jax.text.vocab import Vocabulary, count_words
+from elmo_jax.train.evaluate import evaluate
+from elmo_jax.train.step import _loss, init_train_state, make_train_step
+
+TINY = {
+    "lstm": {"dim": 64, "projection_dim": 16, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
+    "char_cnn": {
+        "embedding": {"dim": 8},
+        "filters": [[1, 16], [2, 16], [3, 32]],
+        "n_highway": 1,
+        "n_characters": 262,
+        "max_characters_per_token": 50,
+        "activation": "relu",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    train, heldout = DemoCorpus("train", size=20_000), DemoCorpus("heldout")
+    vocab = Vocabulary.from_counts(count_words(train[i] for i in range(len(train))))
+    return train, heldout, vocab
+
+
+def test_one_step_is_clipped_adagrad(demo):
+    train, _, vocab = demo
+    config = ModelConfig.from_options(TINY)
+    hp = TrainHParams(batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64, all_clip_norm_val=0.1)
+    state = init_train_state(jax.random.key(0), config, hp, 4)
+    batch = next(StreamBatcher(train, vocab, 4, 5, seed=0))
+    params0 = jax.tree.map(np.array, state.params)
+    rng = jax.random.fold_in(state.rng, state.step)
+    grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, rng, config, hp, 1)[0])(state.params)
+    norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
+    assert norm > hp.all_clip_norm_val  # so the clip is exercised
+    scale = hp.all_clip_norm_val / norm
+    new_state, metrics = make_train_step(config, hp)(state, batch)
+    np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
+    assert int(metrics["tokens"]) == 20 and int(new_state.step) == 1
+    np.testing.assert_allclose(metrics["loss"], 0.5 * (metrics["loss_forward"] + metrics["loss_backward"]), rtol=1e-6)
+    for p0, g, p1 in zip(jax.tree.leaves(params0), jax.tree.leaves(grads), jax.tree.leaves(new_state.params)):
+        g = np.asarray(g) * scale
+        np.testing.assert_allclose(p1, p0 - hp.learning_rate * g / np.sqrt(1.0 + g**2), atol=1e-6)
+    # The carried LSTM state moved on; the next step starts from it.
+    assert np.abs(np.asarray(new_state.lstm_state.h)).max() > 0
+
+
+def test_a_few_hundred_steps_cut_heldout_perplexity(demo):
+    train, heldout, vocab = demo
+    config = ModelConfig.from_options(TINY)
+    hp = TrainHParams(batch_size=16, unroll_steps=10, n_tokens_vocab=len(vocab), n_negative_samples_batch=256)
+    state = init_train_state(jax.random.key(0), config, hp, 16)
+    before = evaluate(state.params, heldout, vocab, config, batch_size=32, max_sentences=300)
+    step = make_train_step(config, hp)
+    batcher = StreamBatcher(train, vocab, 16, 10, seed=0)
+    for _ in range(300):
+        state, metrics = step(state, next(batcher))
+    after = evaluate(state.params, heldout, vocab, config, batch_size=32, max_sentences=300)
+    print(f"held-out perplexity {before['perplexity']:.0f} -> {after['perplexity']:.1f} "
+          f"(floor {grammar().floor_perplexity:.1f})")
+    assert before["perplexity"] > 0.5 * len(vocab)  # an untrained model is near uniform
+    assert after["perplexity"] < before["perplexity"] / 5
+    assert np.isfinite(float(metrics["loss"]))
