@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.batcher import StreamBatcher, bucket_size
 from elmo_jax.text.chars import encode_tokens
 from elmo_jax.text.vocab import Vocabulary, count_words
 
@@ -34,7 +34,7 @@ def decode_row(batches, vocab, key, direction, row):
         if key == "targets":
             out += [vocab.words[i] for i in b["targets"][direction, row][m]]
         else:
-            out += [tuple(c) for c in b["inputs"][direction, row][m]]
+            out += [tuple(c) for c in b["chars"][b["ids"][direction, row]][m]]
     return out
 
 
@@ -56,9 +56,11 @@ def test_each_token_once_per_pass_in_order_forward_and_reversed_backward():
         assert decode_row(batches, vocab, "inputs", 1, row) == backward_inputs
     total = sum(b["mask"].sum() for b in batches)
     assert total == batcher.positions_per_epoch() == sum(len(s) + 1 for s in corpus.sentences)
-    # Padding after a row ends holds no characters.
-    last = batches[-1]
-    assert (last["inputs"][:, ~last["mask"]] == 0).all()
+    # Each batch holds its distinct tokens once, in a bucketed block.
+    for b in batches:
+        used = np.unique(b["ids"][:, b["mask"]])
+        assert len(np.unique(b["chars"][used], axis=0)) == len(used)
+        assert len(b["chars"]) == bucket_size(len(np.unique(b["ids"])))
 
 
 def test_shuffled_training_stream_reads_every_sentence_once_per_epoch():
@@ -97,6 +99,11 @@ def test_resume_from_saved_state_gives_identical_batches():
         other_seed.restore(saved)
 
 
+def test_bucket_sizes():
+    assert [bucket_size(n) for n in (1, 64, 65, 400, 450, 3000)] == [64, 64, 128, 448, 512, 3072]
+    assert all(n <= bucket_size(n) < 1.26 * n + 64 for n in range(1, 5000))
+
+
 def test_deterministic_for_a_seed_and_different_across_seeds():
     corpus = make_corpus()
     vocab = Vocabulary.from_counts(count_words(corpus.sentences))
@@ -125,7 +132,7 @@ def test_out_of_vocabulary_targets_become_unk_but_inputs_keep_their_characters()
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "known"])
     b = next(StreamBatcher(corpus, vocab, 1, 3, shuffle=False, single_pass=True))
     assert [vocab.words[i] for i in b["targets"][0, 0]] == ["known", "<UNK>", "</S>"]
-    np.testing.assert_array_equal(b["inputs"][1, 0, 1], encode_tokens(["zebra"])[0])
+    np.testing.assert_array_equal(b["chars"][b["ids"][1, 0, 1]], encode_tokens(["zebra"])[0])
 
 
 def test_too_few_sentences_for_the_rows():

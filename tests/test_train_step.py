@@ -39,7 +39,7 @@ def test_one_step_is_clipped_adagrad(demo):
     state = init_train_state(jax.random.key(0), config, hp, 4)
     batch = next(StreamBatcher(train, vocab, 4, 5, seed=0))
     params0 = jax.tree.map(np.array, state.params)
-    rng = jax.random.fold_in(state.rng, state.step)
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, rng, config, hp, 1)[0])(state.params)
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
     assert norm > hp.all_clip_norm_val  # so the clip is exercised
@@ -51,6 +51,9 @@ def test_one_step_is_clipped_adagrad(demo):
     for p0, g, p1 in zip(jax.tree.leaves(params0), jax.tree.leaves(grads), jax.tree.leaves(new_state.params)):
         g = np.asarray(g) * scale
         np.testing.assert_allclose(p1, p0 - hp.learning_rate * g / np.sqrt(1.0 + g**2), atol=1e-6)
+    # Same types in and out (no weak types), so the jitted step compiles once.
+    avals = lambda s: [(x.dtype, x.shape, x.weak_type) for x in jax.tree.leaves(s)]  # noqa: E731
+    assert avals(jax.eval_shape(lambda: new_state)) == avals(jax.eval_shape(lambda: state))
     # The carried LSTM state moved on; the next step starts from it.
     assert np.abs(np.asarray(new_state.lstm_state.h)).max() > 0
 

@@ -35,7 +35,8 @@ def init_params(rng: jax.Array, config: ModelConfig, vocab_size: int | None) -> 
 
 def bilm_top(
     params: Params,
-    chars_2BTC: jax.Array,
+    chars_UC: jax.Array,
+    ids_2BT: jax.Array,
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
@@ -43,13 +44,14 @@ def bilm_top(
     dropout: float = 0.0,
     unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
-    """Training/evaluation view: the forward stream and the backward stream (already reversed
-    within each sentence) -> top LSTM layer (2, B, T, P) and the new state. With a dropout rng,
-    dropout is applied as bilm-tf does, including once more on the top output."""
-    two, B, T, C = chars_2BTC.shape
-    tokens = encode_tokens(params["token_encoder"], chars_2BTC.reshape(two * B * T, C), config)
+    """Training/evaluation view: the batch's distinct tokens (U, C) and, for the forward stream
+    and the backward stream (already reversed within each sentence), the token at each position
+    (2, B, T) -> top LSTM layer (2, B, T, P) and the new state. Each distinct token is encoded
+    once. With a dropout rng, dropout is applied as bilm-tf does, including once more on the top
+    output."""
+    tokens_UP = encode_tokens(params["token_encoder"], chars_UC, config)
     layers, state = lstm_stacks(
-        params["lstm"], tokens.reshape(two, B, T, -1), mask_BT, state, config, dropout_rng, dropout, unroll
+        params["lstm"], tokens_UP[ids_2BT], mask_BT, state, config, dropout_rng, dropout, unroll
     )
     top = layers[-1]
     if dropout_rng is not None and dropout > 0.0:

@@ -33,7 +33,7 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
     for k in range(cnn.n_highway):
         params["highway"][f"layer_{k}"] = {
             "W_carry": jax.random.normal(next(keys), (F, F)) * np.sqrt(1.0 / F),
-            "b_carry": jnp.full((F,), -2.0),
+            "b_carry": jnp.full((F,), -2.0, jnp.float32),
             "W_transform": jax.random.normal(next(keys), (F, F)) * np.sqrt(1.0 / F),
             "b_transform": jnp.zeros((F,)),
         }

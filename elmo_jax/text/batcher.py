@@ -30,10 +30,22 @@ class Corpus(Protocol):
     def __getitem__(self, i: int) -> list[str]: ...
 
 
-class StreamBatcher:
-    """Yields batches {"inputs": (2, B, T, C) char ids, "targets": (2, B, T), "mask": (B, T)}.
+def bucket_size(n: int) -> int:
+    """n rounded up to one of 4 sizes per power of two (>= 64), to bound compiled shapes."""
+    step = max(64, 2 ** (max(n, 1).bit_length() - 3))
+    return -(-n // step) * step
 
-    Axis 0 of inputs and targets is the direction: 0 forward, 1 backward. `rows` selects the
+
+class StreamBatcher:
+    """Yields batches of the distinct words they hold and where each one stands:
+
+      chars   (U, C) int32  char ids of the batch's distinct input tokens (U bucketed, the
+                            spare rows 0)
+      ids     (2, B, T) int32  row of `chars` at each position
+      targets (2, B, T) int32  word ids to predict
+      mask    (B, T) bool   positions that hold a token
+
+    Axis 0 of ids and targets is the direction: 0 forward, 1 backward. `rows` selects the
     global rows this process produces (all `batch_size` by default). With `single_pass` every row
     stops after one epoch and pads with mask 0; iteration ends when every row is done.
     """
@@ -154,9 +166,17 @@ class StreamBatcher:
                     self._pos[j] = [epoch, k, stop]
         if not mask.any():
             raise StopIteration
-        inputs = self.chars.lookup(rows)
-        inputs[:, ~mask] = 0
-        return {"inputs": inputs, "targets": targets, "mask": mask}
+        distinct, inverse = np.unique(rows, return_inverse=True)
+        words = self.chars.lookup(distinct)
+        # Order the distinct words by their characters, not by cache row numbers, so a batch is
+        # the same whatever the cache saw before it (resuming reproduces it bit for bit).
+        order = np.lexsort(words.T[::-1])
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        chars = np.zeros((bucket_size(len(distinct)), self.chars.max_chars), np.int32)
+        chars[: len(distinct)] = words[order]
+        ids = rank[inverse].reshape(rows.shape).astype(np.int32)
+        return {"chars": chars, "ids": ids, "targets": targets, "mask": mask}
 
     def positions_per_epoch(self) -> int:
         """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""

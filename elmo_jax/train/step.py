@@ -19,7 +19,7 @@ from elmo_jax.model.bilm import bilm_top, init_params
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
 
-Batch = dict  # inputs (2, B, T, C) int32, targets (2, B, T) int32, mask (B, T) bool
+Batch = dict  # chars (U, C), ids (2, B, T), targets (2, B, T) int32; mask (B, T) bool (see StreamBatcher)
 
 
 @flax.struct.dataclass
@@ -28,7 +28,7 @@ class TrainState:
     opt_state: optax.OptState
     lstm_state: LSTMState
     step: jax.Array
-    rng: jax.Array
+    rng: jax.Array  # raw key data (uint32), so checkpoints hold plain arrays
 
 
 def make_optimizer(hp: TrainHParams) -> optax.GradientTransformation:
@@ -48,14 +48,14 @@ def init_train_state(rng: jax.Array, config: ModelConfig, hp: TrainHParams, batc
         opt_state=make_optimizer(hp).init(params),
         lstm_state=LSTMState.zeros(config, batch_size),
         step=jnp.zeros((), jnp.int32),
-        rng=k_train,
+        rng=jax.random.key_data(k_train),
     )
 
 
 def _loss(params, batch: Batch, lstm_state: LSTMState, rng, config: ModelConfig, hp: TrainHParams, unroll: int):
     k_dropout, k_sample = jax.random.split(rng)
     top_2BTP, new_state = bilm_top(
-        params, batch["inputs"], batch["mask"], lstm_state, config, k_dropout, hp.dropout, unroll
+        params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, k_dropout, hp.dropout, unroll
     )
     W, b = params["softmax"]["W"], params["softmax"]["b"]
     log_p = log_uniform_log_probs(W.shape[0])
@@ -82,7 +82,7 @@ def train_step(
     state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, unroll: int = 1
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adagrad step; metrics: loss, loss_forward, loss_backward, grad_norm, tokens."""
-    rng = jax.random.fold_in(state.rng, state.step)
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     (loss, (losses, lstm_state)), grads = grad_fn(state.params, batch, state.lstm_state, rng, config, hp, unroll)
     updates, opt_state = make_optimizer(hp).update(grads, state.opt_state, state.params)
@@ -108,7 +108,7 @@ def eval_step(
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Full-softmax evaluation, no dropout: summed cross entropy per direction (2,), the number
     of positions, and the carried state."""
-    top_2BTP, lstm_state = bilm_top(params, batch["inputs"], batch["mask"], lstm_state, config, unroll=unroll)
+    top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, unroll=unroll)
     W, b = params["softmax"]["W"], params["softmax"]["b"]
     mask_N = batch["mask"].reshape(-1)
     sums = jnp.stack(

@@ -1,0 +1,48 @@
+"""`launch.py eval`: the latest checkpoint of a workdir on a held-out source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_collections
+
+from elmo_jax.experiment import model_config
+from elmo_jax.text.sources import open_corpus
+from elmo_jax.text.vocab import Vocabulary
+from elmo_jax.train.checkpoint import Checkpoints
+from elmo_jax.train.evaluate import evaluate
+from elmo_jax.train.loop import abstract_train_state, eval_summary
+
+
+def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{workdir} is not a training workdir: {path} not found")
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def evaluate_workdir(
+    workdir: str | Path, source: str | None = None, max_sentences: int | None = None, batch_size: int = 64
+) -> dict[str, float]:
+    """Prints a summary; returns perplexities, tokens, step (and floor_perplexity for demo)."""
+    workdir = Path(workdir)
+    config = load_run_config(workdir)
+    vocab = Vocabulary.load(workdir / "vocab.txt")
+    checkpoints = Checkpoints(workdir / "checkpoints")
+    step = checkpoints.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
+    state, _ = checkpoints.restore(abstract_train_state(config, len(vocab)))
+    checkpoints.close()
+    source = source or config.data.heldout or "demo"
+    corpus = open_corpus(source, "heldout")
+    result = eval_summary(
+        evaluate(state.params, corpus, vocab, model_config(config), batch_size, config.train.unroll_steps, max_sentences),
+        source,
+    )
+    print(f"{workdir} at step {step} on {corpus.name}, {result['tokens']:,} predicted tokens:")
+    print(f"  perplexity {result['perplexity']:.3f} (forward {result['forward_perplexity']:.3f}, backward {result['backward_perplexity']:.3f})")
+    if "floor_perplexity" in result:
+        print(f"  demo corpus floor {result['floor_perplexity']:.3f}: {result['perplexity'] / result['floor_perplexity']:.3f}x the floor")
+    return {**result, "step": step}

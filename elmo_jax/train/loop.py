@@ -1,0 +1,258 @@
+"""The training run: data, vocabulary, state (fresh or resumed), the step loop with logging,
+held-out evaluation, checkpoints and preemption."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.experiment import model_config, train_hparams
+from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.demo_corpus import grammar
+from elmo_jax.text.sources import open_corpus
+from elmo_jax.text.vocab import Vocabulary, count_words
+from elmo_jax.train.checkpoint import Checkpoints
+from elmo_jax.train.evaluate import evaluate
+from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
+from elmo_jax.train.prefetch import Prefetcher
+from elmo_jax.train.step import TrainState, init_train_state, make_train_step
+
+log = logging.getLogger(__name__)
+
+# Fields that must not change when a run resumes from a workdir's checkpoint.
+RESUME_FIELDS = ("train.batch_size", "train.unroll_steps", "train.seed", "data.train")
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def _get(config_dict: dict, dotted: str):
+    for key in dotted.split("."):
+        config_dict = config_dict.get(key, {}) if isinstance(config_dict, dict) else None
+    return config_dict
+
+
+def check_workdir(workdir: Path, config: ml_collections.ConfigDict) -> None:
+    """Fails, naming the differing fields, when the workdir's checkpoint is of another model."""
+    saved_path = workdir / "config.json"
+    if not (workdir / "checkpoints").is_dir() or not saved_path.is_file():
+        return
+    saved = json.loads(saved_path.read_text())
+    diffs = model_config(config).differences(ModelConfig.from_options(saved["model"], source=str(saved_path)))
+    current = config.to_dict()
+    diffs += [f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}" for k in RESUME_FIELDS if _get(current, k) != _get(saved, k)]
+    if diffs:
+        raise ValueError(
+            f"{workdir} holds a checkpoint of a different run (this config vs the saved one): "
+            + "; ".join(diffs)
+            + ". Use another --workdir, or the saved config."
+        )
+
+
+def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> Vocabulary:
+    """The workdir's vocab.txt; on a first run it is copied from config.data.vocab or built."""
+    path = workdir / "vocab.txt"
+    if path.is_file():
+        vocab = Vocabulary.load(path)
+        if config.data.vocab:
+            given = Vocabulary.load(config.data.vocab)
+            if given.words != vocab.words:
+                raise ValueError(
+                    f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
+                    f"vocabulary this workdir was trained with, {path} ({len(vocab)} words)"
+                )
+        return vocab
+    if config.data.vocab:
+        vocab = Vocabulary.load(config.data.vocab)
+        if jax.process_index() == 0:
+            shutil.copyfile(config.data.vocab, path)
+        return vocab
+    log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
+    vocab = Vocabulary.from_counts(count_words(corpus[i] for i in range(len(corpus))), config.data.min_count)
+    if jax.process_index() == 0:
+        vocab.save(path)
+    return vocab
+
+
+def heldout_corpus(source: str):
+    return open_corpus(source, "heldout") if source else None
+
+
+def eval_summary(result: dict[str, float], source: str) -> dict[str, float]:
+    """Adds the demo corpus's floor perplexity where it applies."""
+    if source == "demo":
+        result = {**result, "floor_perplexity": grammar().floor_perplexity}
+    return result
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int) -> TrainState:
+    """Shapes and dtypes of the TrainState, for restoring a checkpoint."""
+    model, hp = model_config(config), train_hparams(config, vocab_size)
+    return jax.eval_shape(lambda: init_train_state(jax.random.key(0), model, hp, hp.batch_size))
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _check_finite(step: int, metrics: dict[str, float], checkpoints: Checkpoints) -> None:
+    if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
+        checkpoints.wait()
+        raise TrainingDiverged(
+            f"step {step}: loss {metrics['loss']} and gradient norm {metrics['grad_norm']}: training "
+            f"diverged; the latest checkpoint (step {checkpoints.latest_step()}) is the last good state"
+        )
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, float]:
+    """Runs (or resumes) training in `workdir`; returns the final held-out evaluation."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    check_workdir(workdir, config)
+    model = model_config(config)
+    train_corpus = open_corpus(config.data.train, "train")
+    heldout = heldout_corpus(config.data.heldout)
+    vocab = prepare_vocab(config, workdir, train_corpus)
+    hp = train_hparams(config, len(vocab))
+    if jax.process_index() == 0:
+        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+
+    t = config.train
+    batcher = StreamBatcher(train_corpus, vocab, t.batch_size, t.unroll_steps, seed=t.seed)
+    steps_per_epoch = batcher.steps_per_epoch()
+    total_steps = math.ceil(t.n_epochs * steps_per_epoch)
+    if t.max_steps > 0:
+        total_steps = min(total_steps, t.max_steps)
+    log.info(
+        "data: %s, %d sentences, %d words in the vocabulary; %d steps per epoch of %d x %d; running %d steps",
+        train_corpus.name, len(train_corpus), len(vocab), steps_per_epoch, t.batch_size, t.unroll_steps, total_steps,
+    )
+
+    checkpoints = Checkpoints(workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints)
+    start = checkpoints.latest_step()
+    if start is None:
+        state = init_train_state(jax.random.key(t.seed), model, hp, t.batch_size)
+        start = 0
+    else:
+        state, data_state = checkpoints.restore(abstract_train_state(config, len(vocab)))
+        batcher.restore(data_state)
+        log.info("resumed from the checkpoint at step %d", start)
+
+    compile_start = time.monotonic()
+    step_fn = make_train_step(model, hp, unroll=t.scan_unroll)
+    writer = MetricWriter(workdir)
+    bar = ProgressBar(total_steps)
+    preemption = _Preemption()
+    prefetch = Prefetcher(batcher)
+    pending = None  # (step, device metrics) not yet read
+    window = {"start": time.monotonic(), "steps": 0, "tokens": 0, "sums": {}}
+    data_state = batcher.state()
+    step = start
+    try:
+        for step in range(start + 1, total_steps + 1):
+            batch, data_state = next(prefetch)
+            state, metrics = step_fn(state, batch)
+            if step == start + 1:
+                log.info("train step compiled in %.1fs", time.monotonic() - compile_start)
+                window["start"] = time.monotonic()
+            # Read the previous step's numbers while this one runs.
+            if pending is not None:
+                _accumulate(window, checkpoints, *pending)
+            pending = (step, metrics)
+            must_save = checkpoints.should_save(step) or step == total_steps or preemption.requested
+            if must_save or step % t.log_every == 0:
+                _accumulate(window, checkpoints, *pending)  # this step must be good first
+                pending = None
+            if step % t.log_every == 0:
+                _log_train(window, step, total_steps, start, batcher.epoch, writer)
+            if must_save:
+                checkpoints.save(step, state, data_state, force=True)
+            if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
+                result = evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, t.eval_sentences or None)
+                _log_eval(step, eval_summary(result, config.data.heldout), writer)
+            bar.update(step, start, f"loss {window.get('last_loss', float('nan')):.3f}")
+            if preemption.requested:
+                log.info("SIGTERM: saved the checkpoint at step %d, exiting", step)
+                break
+        else:
+            if pending is not None:
+                _accumulate(window, checkpoints, *pending)
+    finally:
+        bar.clear()
+        prefetch.close()
+        preemption.restore()
+        checkpoints.wait()
+        checkpoints.close()
+    result = {}
+    if heldout is not None and not preemption.requested:
+        result = eval_summary(
+            evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps), config.data.heldout
+        )
+        _log_eval(step, result, writer)
+    writer.close()
+    return result
+
+
+def _accumulate(window: dict, checkpoints: Checkpoints, step: int, metrics) -> None:
+    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    _check_finite(step, values, checkpoints)
+    window["steps"] += 1
+    window["tokens"] += values.pop("tokens")
+    for k, v in values.items():
+        window["sums"][k] = window["sums"].get(k, 0.0) + v
+    window["last_loss"] = values["loss"]
+
+
+def _log_train(window: dict, step: int, total: int, start: int, epoch: float, writer: MetricWriter) -> None:
+    now = time.monotonic()
+    elapsed = now - window["start"]
+    n = max(window["steps"], 1)
+    mean = {k: v / n for k, v in window["sums"].items()}
+    step_time = elapsed / n
+    values = {
+        **mean,
+        "perplexity_forward": math.exp(mean["loss_forward"]),
+        "perplexity_backward": math.exp(mean["loss_backward"]),
+        "tokens_per_sec": window["tokens"] / max(elapsed, 1e-9),
+        "step_time_s": step_time,
+        "epoch": epoch,
+    }
+    eta = (total - step) * step_time
+    log.info(
+        "step %d/%d | epoch %.2f | loss %.3f | train ppl fwd %.1f bwd %.1f (sampled) | grad norm %.2f | "
+        "%s tok/s | %.0f ms/step | ETA %s",
+        step, total, epoch, mean["loss"], values["perplexity_forward"], values["perplexity_backward"],
+        mean["grad_norm"], f"{values['tokens_per_sec']:,.0f}", 1000 * step_time, format_duration(eta),
+    )
+    writer.write(step, "train", values)
+    window.update(start=now, steps=0, tokens=0, sums={})
+
+
+def _log_eval(step: int, result: dict[str, float], writer: MetricWriter) -> None:
+    floor = f" (floor {result['floor_perplexity']:.2f})" if "floor_perplexity" in result else ""
+    log.info(
+        "step %d | held-out perplexity %.2f (forward %.2f, backward %.2f) over %d tokens%s",
+        step, result["perplexity"], result["forward_perplexity"], result["backward_perplexity"], result["tokens"], floor,
+    )
+    writer.write(step, "eval", {k: float(v) for k, v in result.items()})
+

@@ -1,0 +1,53 @@
+"""Batches made in a background thread, each paired with the batcher state after it, so a
+checkpoint records exactly the batches the train step has consumed."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+from elmo_jax.text.batcher import StreamBatcher
+
+_DONE = object()
+
+
+class Prefetcher:
+    def __init__(self, batcher: StreamBatcher, depth: int = 4):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(batcher,), daemon=True, name="prefetch")
+        self._thread.start()
+
+    def _run(self, batcher: StreamBatcher) -> None:
+        try:
+            for batch in batcher:
+                if not self._put((batch, batcher.state())):
+                    return
+            self._put(_DONE)
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(e)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[tuple[dict, dict]]:
+        return self
+
+    def __next__(self) -> tuple[dict, dict]:
+        item = self._queue.get()
+        if item is _DONE:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

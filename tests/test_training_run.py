@@ -1,0 +1,205 @@
+"""The training run end to end at tiny size: resume, preemption, kill, bad input, eval."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elmo_jax.text.demo_corpus import DemoCorpus
+from elmo_jax.train.loop import TrainingDiverged, train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = {
+    "lstm": {"dim": 32, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
+    "char_cnn": {
+        "embedding": {"dim": 4},
+        "filters": [[1, 8], [2, 8]],
+        "n_highway": 1,
+        "n_characters": 262,
+        "max_characters_per_token": 50,
+        "activation": "relu",
+    },
+}
+TINY_FLAGS = [
+    "--config.train.batch_size=4",
+    "--config.train.unroll_steps=5",
+    "--config.train.n_negative_samples_batch=32",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+    "--config.train.eval_batch_size=8",
+    "--config.model.lstm.dim=32",
+    "--config.model.lstm.projection_dim=8",
+    "--config.model.char_cnn.embedding.dim=4",
+]
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    """A small corpus in LM1B's format: train and held-out files of demo sentences."""
+    folder = tmp_path_factory.mktemp("text")
+    corpus = DemoCorpus("train", seed=5, size=300)
+    (folder / "train.txt").write_text("\n".join(" ".join(corpus[i]) for i in range(240)) + "\n")
+    (folder / "heldout.txt").write_text("\n".join(" ".join(corpus[i]) for i in range(240, 300)) + "\n")
+    return folder
+
+
+def tiny_config(text_data, **train):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import demo
+
+    config = demo.get_config()
+    with config.unlocked():
+        config.model = TINY_MODEL
+        config.data.train = f"text:{text_data / 'train.txt'}"
+        config.data.heldout = f"text:{text_data / 'heldout.txt'}"
+        for key, value in {**dict(batch_size=4, unroll_steps=5, n_negative_samples_batch=32, log_every=1,
+                                  eval_every=0, eval_batch_size=8, checkpoint_every=4), **train}.items():
+            setattr(config.train, key, value)
+    return config
+
+
+def losses(workdir):
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+def test_resume_continues_the_same_computation(tmp_path, text_data):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    final = train(tiny_config(text_data, max_steps=12), straight)
+    train(tiny_config(text_data, max_steps=8), resumed)
+    assert sorted(losses(resumed)) == list(range(1, 9))
+    final_resumed = train(tiny_config(text_data, max_steps=12), resumed)
+    want, got = losses(straight), losses(resumed)
+    assert [got[s] for s in range(9, 13)] == [want[s] for s in range(9, 13)]
+    assert final_resumed == final
+    assert {"forward_perplexity", "backward_perplexity", "perplexity", "tokens"} <= set(final)
+    assert list((straight / "tensorboard").glob("events.out.tfevents.*"))
+    assert json.loads((straight / "config.json").read_text())["train"]["max_steps"] == 12
+
+
+def test_epochs_derive_the_run_length(tmp_path, text_data):
+    result = train(tiny_config(text_data, n_epochs=1.0, checkpoint_every=1000), tmp_path)
+    positions = sum(len(line.split()) + 1 for line in (text_data / "train.txt").read_text().splitlines())
+    assert max(losses(tmp_path)) == -(-positions // (4 * 5))
+    assert result["tokens"] == sum(len(line.split()) + 1 for line in (text_data / "heldout.txt").read_text().splitlines())
+
+
+def test_a_workdir_of_another_model_fails_naming_the_fields(tmp_path, text_data):
+    train(tiny_config(text_data, max_steps=2), tmp_path)
+    other = tiny_config(text_data, max_steps=4)
+    with other.unlocked():
+        other.model.lstm.dim = 48
+        other.train.batch_size = 8
+    with pytest.raises(ValueError, match=r"lstm\.dim: 48 != 32.*train\.batch_size: 8 != 4"):
+        train(other, tmp_path)
+
+
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_data):
+    config = tiny_config(text_data, max_steps=10, checkpoint_every=1, learning_rate=1e38)
+    with pytest.raises(TrainingDiverged, match=r"step (\d+): loss .* latest checkpoint \(step \d+\)"):
+        train(config, tmp_path)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    bad = max(losses(tmp_path), default=0) + 1
+    assert steps and max(steps) < bad
+
+
+def test_missing_and_empty_data_fail_naming_the_file(tmp_path, text_data):
+    config = tiny_config(text_data)
+    with config.unlocked():
+        config.data.train = f"text:{tmp_path / 'nothing-*.txt'}"
+    with pytest.raises(FileNotFoundError, match="nothing-"):
+        train(config, tmp_path / "a")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with config.unlocked():
+        config.data.train = f"text:{tmp_path / 'empty.txt'}"
+    with pytest.raises(ValueError, match="empty.txt"):
+        train(config, tmp_path / "b")
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path, caplog):
+    from elmo_jax.text.sources import open_corpus
+
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"good line\nbad \xff\xfe byte\nfine\nmore \xc3 bad\n")
+    corpus = open_corpus(f"text:{path}", "train")
+    assert corpus[1] == ["bad", "\ufffd\ufffd", "byte"] and len(corpus) == 4
+    assert "2 line(s) not valid UTF-8" in caplog.text and "lines 2, 4" in caplog.text
+
+
+def run_cli(args, **kwargs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True, env=env, cwd=ROOT, **kwargs)
+
+
+def test_unknown_override_lists_the_valid_keys():
+    result = run_cli(["train", "--config=experiments/demo.py", "--workdir=/tmp/never", "--config.train.nope=1"])
+    assert result.returncode != 0
+    assert "config.train.nope" in result.stderr and "config.train.batch_size" in result.stderr
+
+
+def cli_train_args(text_data, workdir, max_steps):
+    return [
+        "train",
+        "--config=experiments/demo.py",
+        f"--workdir={workdir}",
+        f"--config.data.train=text:{text_data / 'train.txt'}",
+        f"--config.data.heldout=text:{text_data / 'heldout.txt'}",
+        f"--config.train.max_steps={max_steps}",
+        "--config.train.checkpoint_every=10",
+        *TINY_FLAGS,
+    ]
+
+
+def wait_for_checkpoint(workdir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")):
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    raise TimeoutError("no checkpoint appeared")
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_finishes_like_an_uninterrupted_run(tmp_path, text_data):
+    straight = run_cli(cli_train_args(text_data, tmp_path / "straight", 400))
+    assert straight.returncode == 0, straight.stderr
+    want = json.loads(straight.stdout.strip().splitlines()[-1])
+
+    killed = tmp_path / "killed"
+    args = [sys.executable, str(ROOT / "launch.py"), *cli_train_args(text_data, killed, 400)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_checkpoint(killed, proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before_kill = max(losses(killed))
+    assert done_before_kill < 400  # killed halfway, not after the end
+    again = run_cli(cli_train_args(text_data, killed, 400))
+    assert again.returncode == 0, again.stderr
+    assert "resumed from the checkpoint" in again.stdout
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == want
+
+    evaluated = run_cli(["eval", f"--workdir={killed}"])
+    assert evaluated.returncode == 0, evaluated.stderr
+    result = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert result["step"] == 400 and result["perplexity"] == pytest.approx(want["perplexity"], rel=1e-6)
+    assert "perplexity" in evaluated.stdout.splitlines()[-3]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path, text_data):
+    workdir = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "launch.py"), *cli_train_args(text_data, workdir, 100_000)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_checkpoint(workdir, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert "SIGTERM" in out and saved == max(losses(workdir))  # the step it stopped at, saved
