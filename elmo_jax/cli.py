@@ -1,6 +1,8 @@
 """The command line behind launch.py: `python launch.py COMMAND --flag=value ...`.
 
-Commands: train (from an experiment config), eval (a workdir's latest checkpoint).
+Commands: train (from an experiment config), eval (a workdir's latest checkpoint), import
+(bilm-tf options + weights -> params checkpoint), export (-> bilm-tf options + weights), embed
+(a text file -> ELMo layers in HDF5).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/NA
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
 flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB); default: the run's config.data.heldout.")
 flags.DEFINE_integer("max_sentences", 0, "eval: evaluate only the first N sentences (0 = all).")
-flags.DEFINE_integer("batch_size", 64, "eval: rows per batch.")
+flags.DEFINE_integer("batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).")
+flags.DEFINE_string("options", None, "import, embed: bilm-tf options.json.")
+flags.DEFINE_string("weights", None, "import, embed: bilm-tf weights.hdf5.")
+flags.DEFINE_string("out", None, "import, export: output folder.")
+flags.DEFINE_string("input", None, "embed: text file, one whitespace-tokenized sentence a line.")
+flags.DEFINE_string("output", None, "embed: output HDF5 file.")
+flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "embed: which layers to write.")
+flags.DEFINE_bool("stateful", False, "embed: carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
 
 log = logging.getLogger("elmo_jax")
 
@@ -46,7 +55,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     """absl parsing; an unknown --config.x override fails listing the valid keys."""
     try:
         return FLAGS(argv)
-    except flags.Error as e:
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
         message = f"{Path(argv[0]).name}: {e}"
         bad = [a.split("=")[0].lstrip("-") for a in argv[1:] if a.startswith("--config.")]
         config_path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
@@ -60,7 +69,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout, force=True)
-    for noisy in ("absl", "orbax", "jax._src"):
+    for noisy in ("absl", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -88,7 +97,37 @@ def cmd_eval() -> None:
     print(json.dumps(result))
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval}
+def cmd_import() -> None:
+    from elmo_jax.model_io import load_model, save_imported
+
+    _require("options", "weights", "out")
+    model = load_model(options=FLAGS.options, weights=FLAGS.weights)
+    save_imported(model, FLAGS.out)
+    log.info("imported %s + %s into %s (embedding-only: the file holds no softmax)", FLAGS.options, FLAGS.weights, FLAGS.out)
+
+
+def cmd_export() -> None:
+    from elmo_jax.model_io import export_model, load_model
+
+    _require("workdir", "out")
+    export_model(load_model(FLAGS.workdir), FLAGS.out)
+    log.info("exported %s to %s (options.json, weights.hdf5%s)", FLAGS.workdir, FLAGS.out,
+             ", vocab.txt" if (Path(FLAGS.out) / "vocab.txt").is_file() else "")
+
+
+def cmd_embed() -> None:
+    from elmo_jax.embed import embed_file
+    from elmo_jax.model_io import load_model
+
+    _require("input", "output")
+    if FLAGS.workdir is None and (FLAGS.options is None or FLAGS.weights is None):
+        sys.exit("launch.py embed: give --workdir (a workdir or imported model) or --options and --weights")
+    model = load_model(FLAGS.workdir, FLAGS.options, FLAGS.weights)
+    n = embed_file(model, FLAGS.input, FLAGS.output, FLAGS.layers, FLAGS.batch_size or 64, FLAGS.stateful)
+    log.info("embedded %d lines of %s into %s (layers: %s)", n, FLAGS.input, FLAGS.output, FLAGS.layers)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "import": cmd_import, "export": cmd_export, "embed": cmd_embed}
 
 
 def main(argv: list[str]) -> None:

@@ -1,4 +1,10 @@
-"""A tiny biLM on the built-in demo corpus: finishes on 2 CPU cores in a few minutes."""
+"""A tiny biLM on the built-in demo corpus: 1.3 passes over its 200,000 training sentences
+(about 4,000 steps), under 5 minutes on 2 CPU cores.
+
+The recipe is bilm-tf's (sampled softmax, Adagrad, carried LSTM state) with settings for a small
+model on a 2,900-word vocabulary: a higher learning rate, 1024 negatives, no dropout (a pass or
+two over plentiful data does not overfit).
+"""
 
 from elmo_jax.experiment import base_config
 
@@ -6,7 +12,7 @@ from elmo_jax.experiment import base_config
 def get_config():
     config = base_config(
         {
-            "lstm": {"dim": 128, "projection_dim": 32, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
+            "lstm": {"dim": 128, "projection_dim": 64, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
             "char_cnn": {
                 "embedding": {"dim": 8},
                 "filters": [[1, 16], [2, 16], [3, 32], [4, 32]],
@@ -18,8 +24,10 @@ def get_config():
         }
     )
     config.train.batch_size = 32
-    config.train.n_negative_samples_batch = 256
-    config.train.n_epochs = 1.0
+    config.train.n_negative_samples_batch = 1024
+    config.train.learning_rate = 1.0
+    config.train.dropout = 0.0
+    config.train.n_epochs = 1.3
     config.train.log_every = 100
     config.train.eval_every = 1000
     config.train.eval_sentences = 500

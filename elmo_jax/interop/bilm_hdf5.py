@@ -77,3 +77,26 @@ def load_weights(path: str | Path, config: ModelConfig) -> Params:
         for layer in range(lstm.n_layers)
     }
     return {"token_encoder": token_encoder, "lstm": layers}
+
+
+def save_weights(path: str | Path, params: Params, config: ModelConfig) -> None:
+    """Writes params in the weight-file layout (float32, no softmax, no padding row)."""
+    te, cnn = params["token_encoder"], config.char_cnn
+    data = {"char_embed": np.asarray(te["char_embed"])[1:]}
+    for i in range(len(cnn.filters)):
+        data[f"CNN/W_cnn_{i}"] = np.asarray(te["cnn"][f"filter_{i}"]["W"])[None]
+        data[f"CNN/b_cnn_{i}"] = te["cnn"][f"filter_{i}"]["b"]
+    for k in range(cnn.n_highway):
+        for name, value in te["highway"][f"layer_{k}"].items():
+            data[f"CNN_high_{k}/{name}"] = value
+    data["CNN_proj/W_proj"], data["CNN_proj/b_proj"] = te["proj"]["W"], te["proj"]["b"]
+    for layer in range(config.lstm.n_layers):
+        for name, value in params["lstm"][f"layer_{layer}"].items():
+            for d in range(2):
+                data[f"{_lstm_prefix(d, layer)}/{name}"] = np.asarray(value)[d]
+    shapes = expected_shapes(config)
+    with h5py.File(path, "w") as f:
+        for name, value in data.items():
+            value = np.asarray(value, dtype=np.float32)
+            assert value.shape == shapes[name], (name, value.shape, shapes[name])
+            f.create_dataset(name, data=value)

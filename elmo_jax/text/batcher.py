@@ -36,6 +36,11 @@ def bucket_size(n: int) -> int:
     return -(-n // step) * step
 
 
+def epochs_done(state: dict, n_sentences: int) -> float:
+    """Fractional passes over the corpus recorded in a batcher state, averaged over its rows."""
+    return float(np.mean([e + k * state["batch_size"] / n_sentences for e, k, _ in state["rows"]]))
+
+
 class StreamBatcher:
     """Yields batches of the distinct words they hold and where each one stands:
 
@@ -91,10 +96,6 @@ class StreamBatcher:
         self._pos = [list(map(int, p)) for p in state["rows"]]
         self._current = [None] * len(self.rows)
 
-    @property
-    def epoch(self) -> float:
-        """Fractional epochs done, averaged over this process's rows."""
-        return float(np.mean([e + k * self.batch_size / len(self.corpus) for e, k, _ in self._pos]))
 
     # -- sentences -----------------------------------------------------------------------
     def _perm(self, epoch: int) -> np.ndarray:

@@ -1,12 +1,13 @@
 """The built-in demo corpus: English-like sentences from a small grammar with a known entropy.
 
-Each sentence draws a topic (uniform over the topics), a template (fixed probabilities) and,
-for every slot of the template, a word from that slot's category (Zipfian probabilities). Nouns,
-verbs and adjectives belong to a topic and are spelled from that topic's syllables; some nouns
-("bank", "bass", "pitch", ...) belong to two topics and so take two senses, told apart only by
-their context. Every verb and adjective belongs to exactly one topic, every template holds a
-verb, categories never share a word except those ambiguous nouns (always nouns in both topics),
-and no two templates have the same category sequence. A sentence therefore determines its topic,
+Each sentence draws a topic (uniform over money, river and music), a template (fixed
+probabilities) and, for every slot of the template, a word from that slot's category (Zipfian
+probabilities). Nouns, verbs and adjectives belong to a topic and are spelled from that topic's
+syllables; some nouns ("bank", "current", "bass", ...) belong to two topics and so take two
+senses, told apart only by their context. Names and places are shared by all topics. Every verb
+and adjective belongs to exactly one topic, every template holds a verb or an adjective,
+categories never share a word except those ambiguous nouns (always nouns in both topics), and no
+two templates have the same category sequence. A sentence therefore determines its topic,
 template and choices, so
 
     -log p(sentence) = log(n_topics) - log p(template) + sum over slots of -log p(word | category)
@@ -25,9 +26,9 @@ import numpy as np
 
 TOPIC_WORDS = {
     "money": (
-        "money loan account credit interest cash deposit fund tax budget debt price market "
-        "investor trader coin wallet profit",
-        "lends borrows invests saves deposits pays owes spends withdraws trades",
+        "money loan account credit interest cash fund tax budget debt price market investor "
+        "trader coin wallet profit",
+        "lends borrows invests saves pays owes spends withdraws trades",
         "wealthy costly cheap fiscal monetary financial rich",
     ),
     "river": (
@@ -40,50 +41,29 @@ TOPIC_WORDS = {
         "sings plays hums tunes composes performs records",
         "loud melodic harmonic acoustic musical quiet",
     ),
-    "sport": (
-        "ball goal team player coach match game referee stadium racket score",
-        "kicks throws catches scores runs wins loses trains",
-        "fast athletic fit strong tired winning",
-    ),
-    "kitchen": (
-        "soup bread knife oven pan spoon plate salt pepper onion butter sauce flour",
-        "cooks bakes stirs fries chops boils tastes",
-        "hot spicy salty sweet fresh crispy",
-    ),
-    "garden": (
-        "flower seed soil rose tree leaf root weed hedge lawn tulip shovel",
-        "grows plants waters digs prunes blooms",
-        "green leafy sunny blooming fertile",
-    ),
 }
 
 # Nouns with two senses: each is a noun of both topics.
 AMBIGUOUS_NOUNS = {
     "bank": ("money", "river"),
-    "bass": ("music", "river"),
-    "pitch": ("music", "sport"),
-    "note": ("music", "money"),
-    "stock": ("money", "kitchen"),
-    "bowl": ("kitchen", "sport"),
-    "scale": ("music", "kitchen"),
-    "bed": ("garden", "river"),
-    "record": ("music", "sport"),
-    "spring": ("garden", "river"),
     "current": ("river", "money"),
+    "deposit": ("money", "river"),
+    "branch": ("money", "river"),
+    "bass": ("music", "river"),
+    "note": ("music", "money"),
+    "record": ("music", "money"),
+    "scale": ("music", "river"),
 }
 
+# Disjoint letters per topic: a word's spelling tells its topic (the char CNN can read it).
 TOPIC_SYLLABLES = {
-    "money": "fin cred val mon ex port lar dex cor tal ban quo",
-    "river": "wa ril bro lu mer sil fen bay mo rin del lo",
-    "music": "so la mi ton ly cor ri dan fa mel sy no",
-    "sport": "ka ro bal tor spi gan ju dex ra vic po tri",
-    "kitchen": "sa pi cru bak zes to mar ga lic fro che su",
-    "garden": "flo ver bu ro ga sem pe li ar bo thy mu",
+    "money": "fex dak cuv kop dix fod cak vex duk fic kov dac",
+    "river": "wal rul bli lor wob rib lun wil bor ril lob wur",
+    "music": "mis sen nym sym mon sin nem mys sun nis meh syn",
 }
 
 SHARED_WORDS = {
     "DET": "the a this that every some each any",
-    "PREP": "near with under beside behind across over past around along inside below",
     "TIME": (
         "yesterday today tomorrow tonight again often daily later soon weekly rarely nightly "
         "early recently sometimes always"
@@ -94,27 +74,28 @@ SHARED_WORDS = {
     ),
 }
 NAME_SYLLABLES = "an na el li ro sa tom mar ben ka jo ed"
+PLACE_SYLLABLES = "ber lin ham ford ton vil ash brook dale mont port wick"
 
-# (probability, slots); a slot is a category (DET, ADJ, NOUN, VERB, PREP, NAME, TIME, ADV) or a
-# literal token. ADJ, NOUN and VERB come from the sentence's topic.
+# (probability, slots); a slot is a category (DET, ADJ, NOUN, VERB, NAME, PLACE, TIME, ADV) or a
+# literal token. ADJ, NOUN and VERB come from the sentence's topic; a model that ignores the
+# topic pays log(3) on each of them after the first.
 TEMPLATES = (
-    (0.20, "DET ADJ NOUN VERB DET NOUN PREP DET NOUN ."),
-    (0.15, "NAME VERB DET NOUN TIME ."),
-    (0.15, "DET NOUN VERB DET ADJ NOUN ."),
-    (0.10, "TIME , NAME VERB DET NOUN PREP DET ADJ NOUN ."),
-    (0.10, "DET NOUN PREP DET NOUN VERB ADV ."),
-    (0.10, "NAME and NAME VERB DET NOUN ."),
-    (0.10, "DET ADJ NOUN VERB ADV PREP DET NOUN ."),
-    (0.10, "NAME VERB DET ADJ NOUN and DET NOUN ."),
+    (0.20, "DET ADJ NOUN VERB ADV ."),
+    (0.15, "NAME VERB DET ADJ NOUN in PLACE ."),
+    (0.15, "DET NOUN VERB DET NOUN TIME ."),
+    (0.10, "TIME , NAME and NAME VERB DET NOUN ."),
+    (0.10, "NAME from PLACE VERB ADV ."),
+    (0.15, "NAME met NAME at DET ADJ NOUN in PLACE ."),
+    (0.15, "in PLACE , DET NOUN VERB NAME ."),
 )
 TOPIC_CATEGORIES = ("NOUN", "VERB", "ADJ")
-SIZES = {"NOUN": 300, "VERB": 100, "ADJ": 100, "NAME": 150}
-ZIPF_EXPONENT = 0.8
+SIZES = {"NOUN": 150, "VERB": 50, "ADJ": 50, "NAME": 1000, "PLACE": 800}
+ZIPF_EXPONENTS = {"NAME": 0.3, "PLACE": 0.3}  # the other categories: 0.6
 BLOCK = 1024  # sentences generated together from one seed
 
 
-def _zipf(n: int) -> np.ndarray:
-    p = 1.0 / np.arange(1, n + 1) ** ZIPF_EXPONENT
+def _zipf(n: int, exponent: float) -> np.ndarray:
+    p = 1.0 / np.arange(1, n + 1) ** exponent
     return p / p.sum()
 
 
@@ -156,11 +137,11 @@ class DemoGrammar:
                 self.categories[f"{category}:{topic}"] = words
         for category, words in SHARED_WORDS.items():
             self.categories[category] = words.split()
-        names = NAME_SYLLABLES.split()
-        self.categories["NAME"] = [invent(names, "").capitalize() for _ in range(SIZES["NAME"])]
+        for category, syllables in (("NAME", NAME_SYLLABLES), ("PLACE", PLACE_SYLLABLES)):
+            self.categories[category] = [invent(syllables.split(), "").capitalize() for _ in range(SIZES[category])]
         self.templates = [slots.split() for _, slots in TEMPLATES]
         self.template_p = np.array([p for p, _ in TEMPLATES])
-        self.word_p = {c: _zipf(len(ws)) for c, ws in self.categories.items()}
+        self.word_p = {c: _zipf(len(ws), ZIPF_EXPONENTS.get(c, 0.6)) for c, ws in self.categories.items()}
         self.word_cdf = {c: np.cumsum(p) for c, p in self.word_p.items()}
 
     @property

@@ -7,30 +7,49 @@ killed mid-save leaves the previous checkpoint as the latest.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import orbax.checkpoint as ocp
 
 from elmo_jax.train.step import TrainState
 
+log = logging.getLogger(__name__)
+
 
 class Checkpoints:
     def __init__(self, directory: str | Path, every: int = 1000, keep: int = 3):
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, save_interval_steps=max(every, 1), enable_async_checkpointing=True, create=True
-        )
+        self.every = max(every, 1)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def should_save(self, step: int) -> bool:
-        return self.manager.should_save(step)
+    def is_due(self, step: int) -> bool:
+        """Every `every` steps (Orbax's own policy also saves at every step until a first
+        checkpoint has landed, which an asynchronous save takes a while to do)."""
+        return step % self.every == 0
 
-    def save(self, step: int, state: TrainState, data_state: dict, force: bool = False) -> bool:
+    def save(self, step: int, state: TrainState, data_state: dict) -> None:
+        """Starts an asynchronous save; the previous one is finished first."""
+        self.manager.wait_until_finished()
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
-        return self.manager.save(step, args=args, force=force)
+        if not self.manager.save(step, args=args, force=True):
+            raise RuntimeError(f"Orbax did not save the checkpoint of step {step} in {self.directory}")
+
+    def save_and_wait(self, step: int, state: TrainState, data_state: dict, tries: int = 3) -> None:
+        """A save that has landed on return (for preemption). A signal arriving during an
+        asynchronous write can make it fail without a trace, so it is checked and retried."""
+        for _ in range(tries):
+            self.save(step, state, data_state)
+            self.wait()
+            if self.manager.latest_step() == step:
+                return
+            log.warning("the checkpoint of step %d did not land in %s; saving it again", step, self.directory)
+            self.manager.reload()
+        raise RuntimeError(f"the checkpoint of step {step} did not land in {self.directory}")
 
     def restore(self, abstract_state: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
         """The checkpoint at `step` (default latest), shaped like `abstract_state`."""

@@ -23,9 +23,12 @@ def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
 
 
 def evaluate_workdir(
-    workdir: str | Path, source: str | None = None, max_sentences: int | None = None, batch_size: int = 64
+    workdir: str | Path, source: str | None = None, max_sentences: int | None = None, batch_size: int | None = None
 ) -> dict[str, float]:
-    """Prints a summary; returns perplexities, tokens, step (and floor_perplexity for demo)."""
+    """Prints a summary; returns perplexities, tokens, step (and floor_perplexity for demo).
+
+    Rows carry their LSTM state from sentence to sentence, so the number depends on the batch
+    size; by default it is the run's own (config.train.eval_batch_size), as in training."""
     workdir = Path(workdir)
     config = load_run_config(workdir)
     vocab = Vocabulary.load(workdir / "vocab.txt")
@@ -38,7 +41,10 @@ def evaluate_workdir(
     source = source or config.data.heldout or "demo"
     corpus = open_corpus(source, "heldout")
     result = eval_summary(
-        evaluate(state.params, corpus, vocab, model_config(config), batch_size, config.train.unroll_steps, max_sentences),
+        evaluate(
+            state.params, corpus, vocab, model_config(config), batch_size or config.train.eval_batch_size,
+            config.train.unroll_steps, max_sentences,
+        ),
         source,
     )
     print(f"{workdir} at step {step} on {corpus.name}, {result['tokens']:,} predicted tokens:")

@@ -16,7 +16,7 @@ import ml_collections
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.experiment import model_config, train_hparams
-from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.batcher import StreamBatcher, epochs_done
 from elmo_jax.text.demo_corpus import grammar
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary, count_words
@@ -166,7 +166,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     prefetch = Prefetcher(batcher)
     pending = None  # (step, device metrics) not yet read
     window = {"start": time.monotonic(), "steps": 0, "tokens": 0, "sums": {}}
-    data_state = batcher.state()
     step = start
     try:
         for step in range(start + 1, total_steps + 1):
@@ -179,14 +178,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
             if pending is not None:
                 _accumulate(window, checkpoints, *pending)
             pending = (step, metrics)
-            must_save = checkpoints.should_save(step) or step == total_steps or preemption.requested
+            must_save = checkpoints.is_due(step) or step == total_steps or preemption.requested
             if must_save or step % t.log_every == 0:
                 _accumulate(window, checkpoints, *pending)  # this step must be good first
                 pending = None
             if step % t.log_every == 0:
-                _log_train(window, step, total_steps, start, batcher.epoch, writer)
-            if must_save:
-                checkpoints.save(step, state, data_state, force=True)
+                _log_train(window, step, total_steps, epochs_done(data_state, len(train_corpus)), writer)
+            if preemption.requested:
+                checkpoints.save_and_wait(step, state, data_state)
+            elif must_save:
+                checkpoints.save(step, state, data_state)
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
                 result = evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, t.eval_sentences or None)
                 _log_eval(step, eval_summary(result, config.data.heldout), writer)
@@ -194,9 +195,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
             if preemption.requested:
                 log.info("SIGTERM: saved the checkpoint at step %d, exiting", step)
                 break
-        else:
-            if pending is not None:
-                _accumulate(window, checkpoints, *pending)
     finally:
         bar.clear()
         prefetch.close()
@@ -223,7 +221,7 @@ def _accumulate(window: dict, checkpoints: Checkpoints, step: int, metrics) -> N
     window["last_loss"] = values["loss"]
 
 
-def _log_train(window: dict, step: int, total: int, start: int, epoch: float, writer: MetricWriter) -> None:
+def _log_train(window: dict, step: int, total: int, epoch: float, writer: MetricWriter) -> None:
     now = time.monotonic()
     elapsed = now - window["start"]
     n = max(window["steps"], 1)

@@ -1,0 +1,167 @@
+"""Sentences -> ELMo layers, for JAX pipelines (`Embedder`) and files (`embed_file`).
+
+Each sentence gets `<S>` and `</S>`, runs through the biLM (`bilm_layers`, a pure function of
+params, char ids and LSTM state) and comes back without its boundaries: (L + 1, n, 2P).
+Stateless by default: every sentence starts from a zero state, so its vectors do not depend on
+its batch. With `stateful=True`, row i of each batch continues from the state row i of the
+previous batch left (as bilm-tf and AllenNLP do).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import jax
+import numpy as np
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.model.bilm import bilm_layers
+from elmo_jax.model.lstm import LSTMState
+from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
+from elmo_jax.model_io import Model
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from elmo_jax.train.metrics import ProgressBar
+
+log = logging.getLogger(__name__)
+
+LAYER_MODES = ("all", "top", "average")
+
+
+def length_bucket(n: int) -> int:
+    """Padded length for n positions: a multiple of 8, so few shapes get compiled."""
+    return max(8, -(-n // 8) * 8)
+
+
+@functools.cache
+def _jitted_layers(config: ModelConfig):
+    return jax.jit(lambda params, chars, state: bilm_layers(params, chars, state, config))
+
+
+class Embedder:
+    def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False):
+        self.config, self.params = model.config, model.params
+        self.batch_size, self.stateful = batch_size, stateful
+        self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
+        self.state = LSTMState.zeros(model.config, batch_size)
+
+    def char_ids(self, sentences: list[list[str]]) -> np.ndarray:
+        """Sentences -> (batch_size, T, C) char ids with boundaries, padded slots all 0."""
+        T = length_bucket(max(len(s) for s in sentences) + 2)
+        out = np.zeros((self.batch_size, T, self.chars.max_chars), np.int32)
+        for i, s in enumerate(sentences):
+            out[i, : len(s) + 2] = self.chars.encode([BOS_TOKEN, *s, EOS_TOKEN])
+        return out
+
+    def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        """Up to batch_size tokenized sentences -> one (L + 1, n, 2P) float32 array each."""
+        if not 0 < len(sentences) <= self.batch_size:
+            raise ValueError(f"expected 1 to {self.batch_size} sentences, got {len(sentences)}")
+        state = self.state if self.stateful else LSTMState.zeros(self.config, self.batch_size)
+        layers, _, state = _jitted_layers(self.config)(self.params, self.char_ids(sentences), state)
+        if self.stateful:
+            self.state = state
+        layers = np.asarray(layers)
+        return [layers[:, i, 1 : len(s) + 1] for i, s in enumerate(sentences)]
+
+
+def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> np.ndarray:
+    """The context-independent token layer (n, P) of each word, like bilm-tf's
+    dump_token_embeddings: a cache for vocabularies."""
+    table = CharTable(model.config.char_cnn.max_characters_per_token)
+    fn = jax.jit(lambda p, c: encode_token_vectors(p, c, model.config))
+    out = []
+    for start in range(0, len(words), batch_size):
+        chunk = table.encode(words[start : start + batch_size])
+        padded = np.zeros((batch_size, chunk.shape[1]), np.int32)
+        padded[: len(chunk)] = chunk
+        out.append(np.asarray(fn(model.params["token_encoder"], padded))[: len(chunk)])
+    return np.concatenate(out) if out else np.zeros((0, model.config.lstm.projection_dim), np.float32)
+
+
+def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) with invalid UTF-8 replaced; warns once with the line numbers."""
+    bad = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            raw = raw.rstrip(b"\r\n")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", errors="replace")
+                bad.append(number)
+            yield number, text
+    if bad:
+        shown = ", ".join(map(str, bad[:20])) + (", ..." if len(bad) > 20 else "")
+        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (lines %s)", path, len(bad), shown)
+
+
+def _select(layers: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "all":
+        return layers
+    if mode == "top":
+        return layers[-1]
+    return layers.mean(axis=0)
+
+
+def embed_file(
+    model: Model,
+    input_path: str | Path,
+    output_path: str | Path,
+    layers: str = "all",
+    batch_size: int = 64,
+    stateful: bool = False,
+    chunk_sentences: int = 4096,
+) -> int:
+    """One whitespace-tokenized sentence a line -> HDF5 as `allennlp elmo` writes it: dataset
+    "i" for line i, (L + 1, n, 2P) for `all` or (n, 2P) for `top` / `average`, plus
+    `sentence_to_index`. Lines are read in chunks and, unless stateful, sorted by length within
+    a chunk for speed; results are written in input order. Returns the number of lines."""
+    if layers not in LAYER_MODES:
+        raise ValueError(f"unknown --layers {layers!r}; expected one of {LAYER_MODES}")
+    input_path = Path(input_path)
+    if not input_path.is_file():
+        raise FileNotFoundError(f"input file not found: {input_path}")
+    with open(input_path, "rb") as f:
+        total = sum(1 for _ in f)
+    embedder = Embedder(model, batch_size, stateful)
+    L1, width = model.config.lstm.n_layers + 1, 2 * model.config.lstm.projection_dim
+    empty_shape = (L1, 0, width) if layers == "all" else (0, width)
+    sentence_to_index: dict[str, str] = {}
+    bar = ProgressBar(total, unit="lines")
+    done = 0
+    with h5py.File(output_path, "w") as out:
+        lines = _read_lines(input_path)
+        while True:
+            chunk = [(n - 1, text.split(), text) for n, text in _take(lines, chunk_sentences)]
+            if not chunk:
+                break
+            for index, tokens, text in chunk:
+                sentence_to_index[text] = str(index)
+                if not tokens:
+                    out.create_dataset(str(index), shape=empty_shape, dtype=np.float32)
+            work = [c for c in chunk if c[1]]
+            if not stateful:
+                work.sort(key=lambda c: len(c[1]))
+            for start in range(0, len(work), batch_size):
+                batch = work[start : start + batch_size]
+                for (index, _, _), vectors in zip(batch, embedder([c[1] for c in batch])):
+                    out.create_dataset(str(index), data=_select(vectors, layers))
+            done += len(chunk)
+            bar.update(done)
+        bar.clear()
+        out.create_dataset("sentence_to_index", data=[json.dumps(sentence_to_index)], dtype=h5py.string_dtype())
+    return done
+
+
+def _take(it: Iterator, n: int) -> list:
+    out = []
+    for item in it:
+        out.append(item)
+        if len(out) == n:
+            break
+    return out

@@ -1,0 +1,98 @@
+"""Loading and saving whole models: a training workdir, an imported params-only checkpoint, or
+bilm-tf's options.json + weights.hdf5; and exporting to the latter.
+
+An imported or exported folder holds `options.json` (the model config), plus `params/` (an
+Orbax checkpoint of the params pytree) for imports, or `weights.hdf5` (bilm-tf layout) and
+`vocab.txt` (when the model has a softmax vocabulary) for exports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
+from elmo_jax.model.bilm import init_params
+from elmo_jax.text.vocab import Vocabulary
+
+
+@dataclasses.dataclass
+class Model:
+    config: ModelConfig
+    params: dict  # see elmo_jax.model.bilm; no "softmax" for imported weights
+    vocab: Vocabulary | None = None
+    options: dict | None = None  # bilm-tf training fields to carry into options.json
+
+
+def load_model(path: str | Path | None = None, options: str | Path | None = None, weights: str | Path | None = None) -> Model:
+    """From a training workdir or an imported folder (`path`), or from options.json + HDF5."""
+    if path is None:
+        if options is None or weights is None:
+            raise ValueError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
+        config = ModelConfig.load(options)
+        return Model(config, jax.tree.map(np.asarray, load_weights(weights, config)))
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        return _load_workdir(path)
+    if (path / "options.json").is_file() and (path / "params").is_dir():
+        config = ModelConfig.load(path / "options.json")
+        abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, _softmax_rows(path)))
+        params = ocp.StandardCheckpointer().restore((path / "params").absolute(), abstract)
+        vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
+        return Model(config, params, vocab)
+    raise FileNotFoundError(
+        f"{path} is neither a training workdir (config.json + checkpoints/) nor an imported model "
+        f"(options.json + params/)"
+    )
+
+
+def _softmax_rows(path: Path) -> int | None:
+    meta = path / "params_meta.json"
+    return json.loads(meta.read_text()).get("softmax_rows") if meta.is_file() else None
+
+
+def _load_workdir(workdir: Path) -> Model:
+    from elmo_jax.experiment import model_config, train_hparams
+    from elmo_jax.train.checkpoint import Checkpoints
+    from elmo_jax.train.evaluate_run import load_run_config
+    from elmo_jax.train.loop import abstract_train_state
+
+    config = load_run_config(workdir)
+    vocab = Vocabulary.load(workdir / "vocab.txt")
+    checkpoints = Checkpoints(workdir / "checkpoints")
+    if checkpoints.latest_step() is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
+    state, _ = checkpoints.restore(abstract_train_state(config, len(vocab)))
+    checkpoints.close()
+    options = train_hparams(config, len(vocab)).options_fields()
+    return Model(model_config(config), state.params, vocab, options)
+
+
+def save_imported(model: Model, out: str | Path) -> None:
+    """A params-only Orbax checkpoint with its options.json (and vocab.txt if any)."""
+    out = Path(out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save(out / "options.json")
+    softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
+    (out / "params_meta.json").write_text(json.dumps({"softmax_rows": softmax_rows}) + "\n")
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(out / "params", model.params, force=True)
+    checkpointer.wait_until_finished()
+    if model.vocab is not None:
+        model.vocab.save(out / "vocab.txt")
+
+
+def export_model(model: Model, out: str | Path) -> None:
+    """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save(out / "options.json", model.options)
+    save_weights(out / "weights.hdf5", model.params, model.config)
+    if model.vocab is not None:
+        model.vocab.save(out / "vocab.txt")
