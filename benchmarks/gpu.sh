@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One prepared GPU run (at most ~8 minutes on one H200): train-step throughput of the published
+# sizes in float32 and the embedding forward, one process per measurement, each line of
+# results appended to $OUT/throughput.jsonl (or ./throughput.jsonl). Runs from the repository
+# root with the machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
+set -u
+out="${OUT:-.}/throughput.jsonl"
+export PYTHONPATH=.
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+run() {
+  timeout 150 python3 benchmarks/throughput.py "$@" --steps=15 2>&1 | tee /tmp/bench.log | tail -2
+  tail -1 /tmp/bench.log | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "${OUT:-.}/failures.txt"
+}
+run --config=original --per-device-batch=128
+run --config=original --per-device-batch=256
+run --config=small --per-device-batch=256
+run --config=original --per-device-batch=256 --mode=embed

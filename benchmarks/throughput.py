@@ -1,0 +1,188 @@
+"""Train-step (or embed-forward) throughput of a named config on one device.
+
+    python benchmarks/throughput.py --config=original --per-device-batch=128 [--mode=train|embed]
+
+Builds the real train step (sampled softmax, Adagrad, carried state) or the embedding forward
+(`bilm_layers`) for a published size or `cpu_peer`, feeds it batches from the real batcher over
+a synthetic Zipfian corpus with the config's vocabulary size, warms up, then times steps. Prints
+tokens/s, step time (median and spread), compile time, analytic FLOPs per token (every position
+through the whole network, ELMO_SPEC.md section 5), achieved TFLOP/s, MFU against a matmul peak
+measured on the same device in the same run, and peak device memory; the last line is JSON.
+A token is one corpus position, processed by both directions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
+from elmo_jax.model.bilm import bilm_layers, init_params  # noqa: E402
+from elmo_jax.model.lstm import LSTMState  # noqa: E402
+from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
+from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
+from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
+
+CPU_PEER = {
+    "lstm": {"dim": 256, "projection_dim": 64, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
+    "char_cnn": {
+        "embedding": {"dim": 16},
+        "filters": [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]],
+        "n_highway": 1,
+        "n_characters": 262,
+        "max_characters_per_token": 50,
+        "activation": "relu",
+    },
+}
+# name: (options, vocabulary size, negatives, default per-device batch)
+CONFIGS = {
+    "cpu_peer": (CPU_PEER, 5_000, 1024, 32),
+    **{name: (options, 793_471, 8192, 128) for name, options in PUBLISHED_OPTIONS.items()},
+}
+
+
+def flops_per_token(config: ModelConfig, negatives: int, mode: str) -> float:
+    """Nominal FLOPs per corpus position: token encoder once, both LSTM stacks, and (train)
+    the sampled softmax of both directions; a training step counts 3x the forward pass."""
+    cnn, lstm = config.char_cnn, config.lstm
+    C, D, F, P, H = cnn.max_characters_per_token, cnn.embedding_dim, cnn.n_filters, lstm.projection_dim, lstm.dim
+    encoder = sum(2 * (C - w + 1) * w * D * n for w, n in cnn.filters) + cnn.n_highway * 2 * 2 * F * F + 2 * F * P
+    lstms = 2 * lstm.n_layers * 2 * (2 * P * 4 * H + H * P)
+    if mode == "embed":
+        return encoder + lstms
+    softmax = 2 * 2 * P * (negatives + 1)
+    return 3 * (encoder + lstms + softmax)
+
+
+def synthetic_corpus(vocab_size: int, sentences: int, seed: int = 0):
+    """Sentences of Zipf(1)-distributed words over `vocab_size` invented, frequency-ordered
+    words of 2 to 12 letters; returns (corpus, vocabulary)."""
+    rng = np.random.default_rng(seed)
+    n_words = vocab_size - len(SPECIAL_TOKENS)
+    letters = np.array(list("etaoinshrdlucmfwypvbgkqjxz"))
+    lengths = 2 + np.minimum(np.log2(np.arange(n_words) + 2).astype(int), 10)
+    words = ["".join(letters[(i // 26**k) % 26] for k in range(n)) + str(i) for i, n in enumerate(lengths)]
+    p = 1.0 / np.arange(1, n_words + 1)
+    ids = rng.choice(n_words, size=(sentences, 25), p=p / p.sum())
+
+    class Corpus:
+        name = "synthetic"
+
+        def __len__(self):
+            return sentences
+
+        def __getitem__(self, i):
+            return [words[j] for j in ids[i]]
+
+    return Corpus(), Vocabulary(list(SPECIAL_TOKENS) + words)
+
+
+def matmul_peak(dtype, n: int = 8192, reps: int = 10) -> float:
+    """Achieved FLOP/s of an n x n matmul on the default device."""
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(reps):
+        out = f(a)
+    out.block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
+    parser.add_argument("--per-device-batch", type=int, default=None)
+    parser.add_argument("--dtype", default="f32", choices=["f32"], help="bf16 arrives with mixed precision")
+    parser.add_argument("--mode", default="train", choices=["train", "embed"])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--unroll-steps", type=int, default=20)
+    args = parser.parse_args()
+
+    options, vocab_size, negatives, default_batch = CONFIGS[args.config]
+    B, T = args.per_device_batch or default_batch, args.unroll_steps
+    config = ModelConfig.from_options(options)
+    device = jax.devices()[0]
+    corpus, vocab = synthetic_corpus(vocab_size, max(4 * B, 2000))
+    batches = StreamBatcher(corpus, vocab, B, T, seed=0)
+
+    if args.mode == "train":
+        hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
+        state = init_train_state(jax.random.key(0), config, hp, B)
+        step_fn = make_train_step(config, hp)
+
+        def run(batch):
+            nonlocal state
+            state, metrics = step_fn(state, batch)
+            return metrics["loss"]
+
+        tokens_per_step = B * T
+    else:
+        params = init_params(jax.random.key(0), config, None)
+        fn = jax.jit(lambda p, c, s: bilm_layers(p, c, s, config)[0])
+        zero = LSTMState.zeros(config, B)
+
+        def run(batch):
+            return fn(params, batch["chars"][batch["ids"][0]], zero)  # (B, T, C): the forward stream
+
+        tokens_per_step = B * T
+
+    host = [next(batches) for _ in range(args.warmup + args.steps)]
+    U = max(len(b["chars"]) for b in host)  # one distinct-word bucket for all: one compile
+    for b in host:
+        b["chars"] = np.pad(b["chars"], ((0, U - len(b["chars"])), (0, 0)))
+    start = time.perf_counter()
+    jax.block_until_ready(run(host[0]))
+    compile_s = time.perf_counter() - start
+    for batch in host[1 : args.warmup]:
+        jax.block_until_ready(run(batch))
+    times = []
+    for batch in host[args.warmup :]:
+        start = time.perf_counter()
+        jax.block_until_ready(run(batch))
+        times.append(time.perf_counter() - start)
+
+    step_s = statistics.median(times)
+    tokens_per_sec = tokens_per_step / step_s
+    flops = flops_per_token(config, negatives, args.mode)
+    achieved = flops * tokens_per_sec
+    peak = matmul_peak(jnp.float32)
+    stats = device.memory_stats() or {}
+    result = {
+        "config": args.config,
+        "mode": args.mode,
+        "dtype": args.dtype,
+        "device": device.device_kind,
+        "per_device_batch": B,
+        "tokens_per_sec": tokens_per_sec,
+        "step_time_s": step_s,
+        "step_time_spread_s": [min(times), max(times)],
+        "compile_s": compile_s,
+        "gflop_per_token": flops / 1e9,
+        "achieved_tflops": achieved / 1e12,
+        "matmul_peak_tflops": peak / 1e12,
+        "mfu": achieved / peak,
+        "peak_memory_gb": stats.get("peak_bytes_in_use", 0) / 1e9 or None,
+    }
+    print(
+        f"{args.config} {args.mode} {args.dtype} B={B} on {device.device_kind}: {tokens_per_sec:,.0f} tokens/s, "
+        f"step {1000 * step_s:.1f} ms (min {1000 * min(times):.1f}, max {1000 * max(times):.1f}), "
+        f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
+        f"MFU {100 * achieved / peak:.1f}% of a measured {peak / 1e12:.1f} TFLOP/s matmul"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
