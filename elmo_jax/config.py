@@ -2,8 +2,8 @@
 
 `ModelConfig` is what the model functions read; it converts to and from the options.json dict
 (`lstm`, `char_cnn`) that bilm-tf and AllenNLP use, so a model trained here exports as-is.
-Training hyper-parameters live in the experiment config (`experiments/*.py`); `TRAINING_FIELDS`
-names the ones bilm-tf also writes into options.json.
+Training hyper-parameters live in the experiment config (`experiments/*.py`); `TrainHParams`
+holds the recipe and names the fields bilm-tf also writes into options.json.
 """
 
 from __future__ import annotations
@@ -14,20 +14,6 @@ from pathlib import Path
 from typing import Any
 
 ACTIVATIONS = ("relu", "tanh")
-
-# Fields bilm-tf's training writes into options.json beside `lstm` and `char_cnn`.
-TRAINING_FIELDS = (
-    "bidirectional",
-    "dropout",
-    "all_clip_norm_val",
-    "n_epochs",
-    "n_train_tokens",
-    "batch_size",
-    "n_tokens_vocab",
-    "unroll_steps",
-    "n_negative_samples_batch",
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class LSTMConfig:
@@ -164,7 +150,7 @@ class ModelConfig:
         return cls.from_options(options, source=str(path))
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-        """Writes options.json; `extra` adds bilm-tf training fields (see TRAINING_FIELDS)."""
+        """Writes options.json; `extra` adds bilm-tf training fields (TrainHParams.options_fields)."""
         Path(path).write_text(json.dumps({**self.to_options(), **(extra or {})}, indent=2) + "\n")
 
     def differences(self, other: ModelConfig) -> list[str]:
