@@ -96,7 +96,6 @@ class StreamBatcher:
         self._pos = [list(map(int, p)) for p in state["rows"]]
         self._current = [None] * len(self.rows)
 
-
     # -- sentences -----------------------------------------------------------------------
     def _perm(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
