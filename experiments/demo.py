@@ -1,5 +1,5 @@
 """A tiny biLM on the built-in demo corpus: 1.3 passes over its 200,000 training sentences
-(about 4,000 steps), under 5 minutes on 2 CPU cores.
+(about 3,500 steps), about 3 minutes on 2 CPU cores.
 
 The recipe is bilm-tf's (sampled softmax, Adagrad, carried LSTM state) with settings for a small
 model on a 2,900-word vocabulary: a higher learning rate, 1024 negatives, no dropout (a pass or

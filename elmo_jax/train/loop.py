@@ -173,7 +173,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
             state, metrics = step_fn(state, batch)
             if step == start + 1:
                 log.info("train step compiled in %.1fs", time.monotonic() - compile_start)
-                window["start"] = time.monotonic()
+                window["start"] = bar.start = time.monotonic()  # rates exclude the compile
             # Read the previous step's numbers while this one runs.
             if pending is not None:
                 _accumulate(window, checkpoints, *pending)
@@ -191,7 +191,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
                 result = evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, t.eval_sentences or None)
                 _log_eval(step, eval_summary(result, config.data.heldout), writer)
-            bar.update(step, start, f"loss {window.get('last_loss', float('nan')):.3f}")
+            bar.update(step, start + 1, f"loss {window.get('last_loss', float('nan')):.3f}")
             if preemption.requested:
                 log.info("SIGTERM: saved the checkpoint at step %d, exiting", step)
                 break
