@@ -7,18 +7,9 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_layers, init_params, reverse_within
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.text.chars import encode_tokens
+from tiny_models import tiny_options
 
-TINY = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
-    "char_cnn": {
-        "embedding": {"dim": 4},
-        "filters": [[1, 4], [2, 8]],
-        "n_highway": 1,
-        "n_characters": 262,
-        "max_characters_per_token": 50,
-        "activation": "relu",
-    },
-}
+TINY = tiny_options(16, 8, 4, [[1, 4], [2, 8]])
 
 
 def sentence_chars(sentences, T):

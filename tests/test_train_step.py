@@ -11,18 +11,9 @@ from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.step import _loss, init_train_state, make_train_step
+from tiny_models import tiny_options
 
-TINY = {
-    "lstm": {"dim": 64, "projection_dim": 16, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
-    "char_cnn": {
-        "embedding": {"dim": 8},
-        "filters": [[1, 16], [2, 16], [3, 32]],
-        "n_highway": 1,
-        "n_characters": 262,
-        "max_characters_per_token": 50,
-        "activation": "relu",
-    },
-}
+TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
 
 
 @pytest.fixture(scope="module")

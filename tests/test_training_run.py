@@ -13,19 +13,10 @@ import pytest
 
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.train.loop import TrainingDiverged, train
+from tiny_models import tiny_options
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY_MODEL = {
-    "lstm": {"dim": 32, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
-    "char_cnn": {
-        "embedding": {"dim": 4},
-        "filters": [[1, 8], [2, 8]],
-        "n_highway": 1,
-        "n_characters": 262,
-        "max_characters_per_token": 50,
-        "activation": "relu",
-    },
-}
+TINY_MODEL = tiny_options(32, 8, 4, [[1, 8], [2, 8]])
 TINY_FLAGS = [
     "--config.train.batch_size=4",
     "--config.train.unroll_steps=5",
