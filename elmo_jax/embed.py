@@ -10,10 +10,9 @@ previous batch left (as bilm-tf and AllenNLP do).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
-import logging
 from pathlib import Path
-from typing import Iterator
 
 import h5py
 import jax
@@ -25,9 +24,8 @@ from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from elmo_jax.text.sources import read_lines
 from elmo_jax.train.metrics import ProgressBar
-
-log = logging.getLogger(__name__)
 
 LAYER_MODES = ("all", "top", "average")
 
@@ -83,23 +81,6 @@ def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> 
     return np.concatenate(out) if out else np.zeros((0, model.config.lstm.projection_dim), np.float32)
 
 
-def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) with invalid UTF-8 replaced; warns once with the line numbers."""
-    bad = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            raw = raw.rstrip(b"\r\n")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("utf-8", errors="replace")
-                bad.append(number)
-            yield number, text
-    if bad:
-        shown = ", ".join(map(str, bad[:20])) + (", ..." if len(bad) > 20 else "")
-        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (lines %s)", path, len(bad), shown)
-
-
 def _select(layers: np.ndarray, mode: str) -> np.ndarray:
     if mode == "all":
         return layers
@@ -135,9 +116,9 @@ def embed_file(
     bar = ProgressBar(total, unit="lines")
     done = 0
     with h5py.File(output_path, "w") as out:
-        lines = _read_lines(input_path)
+        lines = read_lines(input_path)
         while True:
-            chunk = [(n - 1, text.split(), text) for n, text in _take(lines, chunk_sentences)]
+            chunk = [(n - 1, text.split(), text) for n, text in itertools.islice(lines, chunk_sentences)]
             if not chunk:
                 break
             for index, tokens, text in chunk:
@@ -157,11 +138,3 @@ def embed_file(
         out.create_dataset("sentence_to_index", data=[json.dumps(sentence_to_index)], dtype=h5py.string_dtype())
     return done
 
-
-def _take(it: Iterator, n: int) -> list:
-    out = []
-    for item in it:
-        out.append(item)
-        if len(out) == n:
-            break
-    return out

@@ -59,17 +59,9 @@ def _softmax_rows(path: Path) -> int | None:
 
 def _load_workdir(workdir: Path) -> Model:
     from elmo_jax.experiment import model_config, train_hparams
-    from elmo_jax.train.checkpoint import Checkpoints
-    from elmo_jax.train.evaluate_run import load_run_config
-    from elmo_jax.train.loop import abstract_train_state
+    from elmo_jax.train.evaluate_run import restore_latest
 
-    config = load_run_config(workdir)
-    vocab = Vocabulary.load(workdir / "vocab.txt")
-    checkpoints = Checkpoints(workdir / "checkpoints")
-    if checkpoints.latest_step() is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    state, _ = checkpoints.restore(abstract_train_state(config, len(vocab)))
-    checkpoints.close()
+    config, vocab, state, _ = restore_latest(workdir)
     options = train_hparams(config, len(vocab)).options_fields()
     return Model(model_config(config), state.params, vocab, options)
 

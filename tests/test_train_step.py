@@ -1,5 +1,3 @@
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np

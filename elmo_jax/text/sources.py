@@ -6,11 +6,30 @@ from __future__ import annotations
 import glob
 import logging
 from pathlib import Path
+from typing import Iterator
 
 from elmo_jax.text.batcher import Corpus
 from elmo_jax.text.demo_corpus import DemoCorpus
 
 log = logging.getLogger(__name__)
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a file; bytes that are not UTF-8 become U+FFFD, and a warning
+    at the end lists the lines that had them."""
+    bad = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            raw = raw.rstrip(b"\r\n")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", errors="replace")
+                bad.append(number)
+            yield number, text
+    if bad:
+        shown = ", ".join(map(str, bad[:20])) + (", ..." if len(bad) > 20 else "")
+        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (lines %s)", path, len(bad), shown)
 
 
 class TextCorpus:
@@ -23,20 +42,10 @@ class TextCorpus:
         self.name = name
         self.sentences: list[list[str]] = []
         for path in paths:
-            data = path.read_bytes()
-            bad = []
-            for number, raw in enumerate(data.split(b"\n"), start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    line = raw.decode("utf-8", errors="replace")
-                    bad.append(number)
+            for _, line in read_lines(path):
                 words = line.split()
                 if words:
                     self.sentences.append(words)
-            if bad:
-                shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
-                log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (lines %s)", path, len(bad), shown)
         if not self.sentences:
             raise ValueError(f"{name}: no sentences in {', '.join(map(str, paths))} (the files are empty)")
 

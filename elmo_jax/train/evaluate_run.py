@@ -13,6 +13,7 @@ from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.loop import abstract_train_state, eval_summary
+from elmo_jax.train.step import TrainState
 
 
 def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
@@ -20,6 +21,19 @@ def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
     if not path.is_file():
         raise FileNotFoundError(f"{workdir} is not a training workdir: {path} not found")
     return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def restore_latest(workdir: Path) -> tuple[ml_collections.ConfigDict, Vocabulary, TrainState, int]:
+    """A training workdir's config, vocabulary, latest TrainState and its step."""
+    config = load_run_config(workdir)
+    vocab = Vocabulary.load(workdir / "vocab.txt")
+    checkpoints = Checkpoints(workdir / "checkpoints")
+    step = checkpoints.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
+    state, _ = checkpoints.restore(abstract_train_state(config, len(vocab)))
+    checkpoints.close()
+    return config, vocab, state, step
 
 
 def evaluate_workdir(
@@ -30,14 +44,7 @@ def evaluate_workdir(
     Rows carry their LSTM state from sentence to sentence, so the number depends on the batch
     size; by default it is the run's own (config.train.eval_batch_size), as in training."""
     workdir = Path(workdir)
-    config = load_run_config(workdir)
-    vocab = Vocabulary.load(workdir / "vocab.txt")
-    checkpoints = Checkpoints(workdir / "checkpoints")
-    step = checkpoints.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    state, _ = checkpoints.restore(abstract_train_state(config, len(vocab)))
-    checkpoints.close()
+    config, vocab, state, step = restore_latest(workdir)
     source = source or config.data.heldout or "demo"
     corpus = open_corpus(source, "heldout")
     result = eval_summary(

@@ -84,10 +84,6 @@ def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> V
     return vocab
 
 
-def heldout_corpus(source: str):
-    return open_corpus(source, "heldout") if source else None
-
-
 def eval_summary(result: dict[str, float], source: str) -> dict[str, float]:
     """Adds the demo corpus's floor perplexity where it applies."""
     if source == "demo":
@@ -131,7 +127,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     check_workdir(workdir, config)
     model = model_config(config)
     train_corpus = open_corpus(config.data.train, "train")
-    heldout = heldout_corpus(config.data.heldout)
+    heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab = prepare_vocab(config, workdir, train_corpus)
     hp = train_hparams(config, len(vocab))
     if jax.process_index() == 0:
