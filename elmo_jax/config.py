@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 ACTIVATIONS = ("relu", "tanh")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class LSTMConfig:
@@ -46,8 +47,12 @@ class CharCNNConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """The model's options, plus the dtype its matmuls run in (not part of options.json: params,
+    cell state, clipping and log-sum-exps are float32 either way)."""
+
     lstm: LSTMConfig
     char_cnn: CharCNNConfig
+    compute_dtype: str = "float32"
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
@@ -112,6 +117,8 @@ class ModelConfig:
                     f"{source}: filter width {width} exceeds "
                     f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
                 )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
         if self.char_cnn.n_characters < 261:
             raise ValueError(
                 f"{source}: char_cnn.n_characters must be 261 or 262, got {self.char_cnn.n_characters}"
@@ -174,7 +181,7 @@ def _dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 class TrainHParams:
     """The training recipe (ELMO_SPEC.md section 5); names follow bilm-tf's options.json."""
 
-    batch_size: int = 128  # rows per step (global, over all devices)
+    batch_size: int = 128  # rows per step per device (bilm-tf's batch_size is per GPU)
     unroll_steps: int = 20  # window T
     n_tokens_vocab: int = 793_471  # softmax rows V
     n_negative_samples_batch: int = 8192

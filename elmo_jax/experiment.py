@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams
@@ -18,7 +20,10 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(model_options)
 
     config.train = ml_collections.ConfigDict()
-    config.train.batch_size = 128  # rows per step over all devices
+    config.train.per_device_batch_size = 128  # rows per step per device; the global batch is this x devices
+    config.train.devices = 0  # devices in the data-parallel mesh; 0 = all (of all processes)
+    config.train.compute_dtype = "float32"  # or "bfloat16": matmul operands; params and cell state stay float32
+    config.train.shard_softmax = False  # shard the softmax table by rows over the devices (huge vocabularies)
     config.train.unroll_steps = 20  # window T
     config.train.n_negative_samples_batch = 8192
     config.train.dropout = 0.1
@@ -32,7 +37,7 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.train.log_every = 100
     config.train.eval_every = 1000  # held-out evaluation; 0 = only at the end
     config.train.eval_sentences = 2000  # sentences per periodic evaluation; 0 = all
-    config.train.eval_batch_size = 64
+    config.train.eval_batch_size = 64  # rows in all, split over the devices
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
 
@@ -60,7 +65,10 @@ def published_config(size: str) -> ml_collections.ConfigDict:
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    return ModelConfig.from_options(config.model.to_dict(), source="config.model")
+    model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
+    model = dataclasses.replace(model, compute_dtype=config.train.compute_dtype)
+    model.validate("config.train")
+    return model
 
 
 def train_hparams(config: ml_collections.ConfigDict, vocab_size: int) -> TrainHParams:
@@ -71,7 +79,7 @@ def train_hparams(config: ml_collections.ConfigDict, vocab_size: int) -> TrainHP
             f"than the vocabulary ({vocab_size} words)"
         )
     return TrainHParams(
-        batch_size=t.batch_size,
+        batch_size=t.per_device_batch_size,
         unroll_steps=t.unroll_steps,
         n_tokens_vocab=vocab_size,
         n_negative_samples_batch=t.n_negative_samples_batch,

@@ -63,7 +63,9 @@ def _load_workdir(workdir: Path) -> Model:
 
     config, vocab, state, _ = restore_latest(workdir)
     options = train_hparams(config, len(vocab)).options_fields()
-    return Model(model_config(config), state.params, vocab, options)
+    # A table sharded by rows was padded to a multiple of the devices.
+    softmax = jax.tree.map(lambda x: x[: len(vocab)], state.params["softmax"])
+    return Model(model_config(config), {**state.params, "softmax": softmax}, vocab, options)
 
 
 def save_imported(model: Model, out: str | Path) -> None:

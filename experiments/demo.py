@@ -23,7 +23,7 @@ def get_config():
             },
         }
     )
-    config.train.batch_size = 32
+    config.train.per_device_batch_size = 32
     config.train.n_negative_samples_batch = 1024
     config.train.learning_rate = 1.0
     config.train.dropout = 0.0

@@ -1,4 +1,5 @@
-"""Shared test set-up: JAX on CPU, full float32 matmuls, a persistent compile cache, and the
+"""Shared test set-up: JAX on CPU with 8 devices (to test sharding; code that should use one
+sets config.train.devices = 1), full float32 matmuls, a persistent compile cache, and the
 location of the shared fixtures (ELMO_JAX_FIXTURES, default ../shared/fixtures).
 
 Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
@@ -9,6 +10,7 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -8,7 +8,7 @@ from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
-from elmo_jax.train.step import _loss, init_train_state, make_train_step
+from elmo_jax.train.step import _loss, init_train_state, make_train_step, softmax_rows
 from tiny_models import tiny_options
 
 TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
@@ -21,7 +21,9 @@ def demo():
     return train, heldout, vocab
 
 
-def test_one_step_is_clipped_adagrad(demo):
+def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
+    """The step updates only the softmax rows it uses; the result equals dense clipped Adagrad
+    on every param, computed here with the whole table differentiated."""
     train, _, vocab = demo
     config = ModelConfig.from_options(TINY)
     hp = TrainHParams(batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64, all_clip_norm_val=0.1)
@@ -29,7 +31,11 @@ def test_one_step_is_clipped_adagrad(demo):
     batch = next(StreamBatcher(train, vocab, 4, 5, seed=0))
     params0 = jax.tree.map(np.array, state.params)
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, rng, config, hp, 1)[0])(state.params)
+    k_dropout, k_sample = jax.random.split(rng)
+    used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, len(vocab))
+    # The same sample, indexing the whole table.
+    whole = used._replace(rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets])
+    grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1)[0])(state.params)
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
     assert norm > hp.all_clip_norm_val  # so the clip is exercised
     scale = hp.all_clip_norm_val / norm
@@ -40,6 +46,11 @@ def test_one_step_is_clipped_adagrad(demo):
     for p0, g, p1 in zip(jax.tree.leaves(params0), jax.tree.leaves(grads), jax.tree.leaves(new_state.params)):
         g = np.asarray(g) * scale
         np.testing.assert_allclose(p1, p0 - hp.learning_rate * g / np.sqrt(1.0 + g**2), atol=1e-6)
+    touched = np.zeros(len(vocab), bool)
+    touched[np.asarray(used.rows)[np.asarray(used.rows) < len(vocab)]] = True
+    assert 0 < touched.sum() < len(vocab) / 2  # the test covers both kinds of rows
+    np.testing.assert_array_equal(new_state.params["softmax"]["W"][~touched], params0["softmax"]["W"][~touched])
+    np.testing.assert_allclose(new_state.opt_state["softmax"]["W"], 1.0 + (np.asarray(grads["softmax"]["W"]) * scale) ** 2, rtol=1e-6)
     # Same types in and out (no weak types), so the jitted step compiles once.
     avals = lambda s: [(x.dtype, x.shape, x.weak_type) for x in jax.tree.leaves(s)]  # noqa: E731
     assert avals(jax.eval_shape(lambda: new_state)) == avals(jax.eval_shape(lambda: state))

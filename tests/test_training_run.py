@@ -18,7 +18,8 @@ from tiny_models import tiny_options
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = tiny_options(32, 8, 4, [[1, 8], [2, 8]])
 TINY_FLAGS = [
-    "--config.train.batch_size=4",
+    "--config.train.per_device_batch_size=4",
+    "--config.train.devices=1",
     "--config.train.unroll_steps=5",
     "--config.train.n_negative_samples_batch=32",
     "--config.train.log_every=1",
@@ -49,7 +50,7 @@ def tiny_config(text_data, **train):
         config.model = TINY_MODEL
         config.data.train = f"text:{text_data / 'train.txt'}"
         config.data.heldout = f"text:{text_data / 'heldout.txt'}"
-        for key, value in {**dict(batch_size=4, unroll_steps=5, n_negative_samples_batch=32, log_every=1,
+        for key, value in {**dict(per_device_batch_size=4, devices=1, unroll_steps=5, n_negative_samples_batch=32, log_every=1,
                                   eval_every=0, eval_batch_size=8, checkpoint_every=4), **train}.items():
             setattr(config.train, key, value)
     return config
@@ -102,8 +103,8 @@ def test_a_workdir_of_another_model_fails_naming_the_fields(tmp_path, text_data)
     other = tiny_config(text_data, max_steps=4)
     with other.unlocked():
         other.model.lstm.dim = 48
-        other.train.batch_size = 8
-    with pytest.raises(ValueError, match=r"lstm\.dim: 48 != 32.*train\.batch_size: 8 != 4"):
+        other.train.per_device_batch_size = 8
+    with pytest.raises(ValueError, match=r"lstm\.dim: 48 != 32.*train\.per_device_batch_size: 8 != 4"):
         train(other, tmp_path)
 
 
@@ -147,7 +148,7 @@ def run_cli(args, **kwargs):
 def test_unknown_override_lists_the_valid_keys():
     result = run_cli(["train", "--config=experiments/demo.py", "--workdir=/tmp/never", "--config.train.nope=1"])
     assert result.returncode != 0
-    assert "config.train.nope" in result.stderr and "config.train.batch_size" in result.stderr
+    assert "config.train.nope" in result.stderr and "config.train.per_device_batch_size" in result.stderr
 
 
 def cli_train_args(text_data, workdir, max_steps):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model.matmul import einsum, matmul
 
 Params = dict
 
@@ -66,24 +67,25 @@ def lstm_layer(
     cell_clip: float | None,
     proj_clip: float | None,
     unroll: int = 1,
+    dtype: str = "float32",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One direction of one layer (params without the direction axis).
+    """One direction of one layer (params without the direction axis); matmuls in `dtype`.
 
     Returns outputs (B, T, P) (0 where mask is False), final h (B, P) and c (B, C); masked
     positions leave the state unchanged.
     """
-    W, b, W_proj = params["W_0"], params["B"], params["W_P_0"]
+    W, b = params["W_0"], params["B"]
     n_in = x_BTI.shape[-1]
-    W_x, W_h = W[:n_in], W[n_in:]
-    gates_x_TBG = jnp.einsum("bti,ig->tbg", x_BTI, W_x) + b
+    W_x, W_h, W_proj = W[:n_in], W[n_in:].astype(dtype), params["W_P_0"].astype(dtype)
+    gates_x_TBG = einsum("bti,ig->tbg", x_BTI, W_x, dtype) + b
     mask_TB1 = jnp.swapaxes(mask_BT, 0, 1)[:, :, None]
 
     def step(carry, inputs):
         h, c = carry
         gates_x, m = inputs
-        i, j, f, o = jnp.split(gates_x + h @ W_h, 4, axis=-1)
+        i, j, f, o = jnp.split(gates_x + matmul(h, W_h, dtype), 4, axis=-1)
         c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), cell_clip)
-        h_new = _clip((jax.nn.sigmoid(o) * jnp.tanh(c_new)) @ W_proj, proj_clip)
+        h_new = _clip(matmul(jax.nn.sigmoid(o) * jnp.tanh(c_new), W_proj, dtype), proj_clip)
         return (jnp.where(m, h_new, h), jnp.where(m, c_new, c)), jnp.where(m, h_new, 0.0)
 
     (h, c), out_TBP = jax.lax.scan(step, (h_BP, c_BC), (gates_x_TBG, mask_TB1), unroll=unroll)
@@ -108,7 +110,7 @@ def lstm_stacks(
     """
     cfg = config.lstm
     layer_fn = jax.vmap(
-        lambda p, x, h, c: lstm_layer(p, x, mask_BT, h, c, cfg.cell_clip, cfg.proj_clip, unroll)
+        lambda p, x, h, c: lstm_layer(p, x, mask_BT, h, c, cfg.cell_clip, cfg.proj_clip, unroll, config.compute_dtype)
     )
     keep = mask_BT[None, :, :, None]
     outputs, hs, cs = [], [], []

@@ -16,6 +16,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from elmo_jax.model.matmul import matmul
+
 
 def log_uniform_log_probs(vocab_size: int) -> jax.Array:
     """log P(k) = log((log(k + 2) - log(k + 1)) / log(V + 1)), k = 0..V-1."""
@@ -54,19 +56,31 @@ def sampled_softmax_ce(
     candidate_ids_S: jax.Array,
     log_q_candidates_S: jax.Array,
     log_q_targets_N: jax.Array,
+    dtype: str = "float32",
 ) -> jax.Array:
-    """Per-position cross entropy (N,) of the true class against the sampled ones.
+    """Per-position cross entropy (N,) of the true class against the sampled ones; the
+    candidates' logits are a matmul in `dtype`, the log-sum-exp is float32.
 
     Logits are corrected by -log Q; a candidate equal to the position's target (an accidental
-    hit) is removed.
+    hit) is removed. The ids index rows of W and b (a whole table or the rows a step uses).
     """
     true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N] - log_q_targets_N
-    sampled = h_NP @ W_VP[candidate_ids_S].T + b_V[candidate_ids_S] - log_q_candidates_S
+    sampled = matmul(h_NP, W_VP[candidate_ids_S].T, dtype) + b_V[candidate_ids_S] - log_q_candidates_S
     sampled = jnp.where(candidate_ids_S[None, :] == targets_N[:, None], -jnp.inf, sampled)
     return jnp.logaddexp(true_logit, jax.nn.logsumexp(sampled, axis=-1)) - true_logit
 
 
-def full_softmax_ce(h_NP: jax.Array, targets_N: jax.Array, W_VP: jax.Array, b_V: jax.Array) -> jax.Array:
-    """Per-position cross entropy (N,) over the whole vocabulary."""
-    logits = h_NP @ W_VP.T + b_V
+def full_softmax_ce(
+    h_NP: jax.Array,
+    targets_N: jax.Array,
+    W_VP: jax.Array,
+    b_V: jax.Array,
+    vocab_size: int | None = None,
+    dtype: str = "float32",
+) -> jax.Array:
+    """Per-position cross entropy (N,) over the first `vocab_size` rows of the table (default
+    all; the rest pad a table sharded by rows)."""
+    logits = matmul(h_NP, W_VP.T, dtype) + b_V
+    if vocab_size is not None and vocab_size < W_VP.shape[0]:
+        logits = jnp.where(jnp.arange(W_VP.shape[0]) < vocab_size, logits, -jnp.inf)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets_N[:, None], axis=-1)[:, 0]

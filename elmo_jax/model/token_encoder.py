@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model.matmul import matmul
 
 Params = dict
 
@@ -42,19 +43,21 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
 
 
 def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> jax.Array:
-    """Char ids (N, C) (+1 shifted, 0 = padded slot) -> token vectors (N, P)."""
-    activation = _ACTIVATIONS[config.char_cnn.activation]
-    x_NCD = params["char_embed"][chars_NC]
+    """Char ids (N, C) (+1 shifted, 0 = padded slot) -> token vectors (N, P) float32; matmuls
+    and convolutions in config.compute_dtype."""
+    activation, dtype = _ACTIVATIONS[config.char_cnn.activation], config.compute_dtype
+    x_NCD = params["char_embed"][chars_NC].astype(dtype)
     pooled = []
     for i in range(len(config.char_cnn.filters)):
         f = params["cnn"][f"filter_{i}"]
         y_NWn = jax.lax.conv_general_dilated(
-            x_NCD, f["W"], window_strides=(1,), padding="VALID", dimension_numbers=("NWC", "WIO", "NWC")
+            x_NCD, f["W"].astype(dtype), window_strides=(1,), padding="VALID",
+            dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32,
         )
         pooled.append(activation(jnp.max(y_NWn, axis=1) + f["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)
     for k in range(config.char_cnn.n_highway):
         hw = params["highway"][f"layer_{k}"]
-        gate = jax.nn.sigmoid(h_NF @ hw["W_carry"] + hw["b_carry"])
-        h_NF = gate * jax.nn.relu(h_NF @ hw["W_transform"] + hw["b_transform"]) + (1.0 - gate) * h_NF
-    return h_NF @ params["proj"]["W"] + params["proj"]["b"]
+        gate = jax.nn.sigmoid(matmul(h_NF, hw["W_carry"], dtype) + hw["b_carry"])
+        h_NF = gate * jax.nn.relu(matmul(h_NF, hw["W_transform"], dtype) + hw["b_transform"]) + (1.0 - gate) * h_NF
+    return matmul(h_NF, params["proj"]["W"], dtype) + params["proj"]["b"]

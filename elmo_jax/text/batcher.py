@@ -12,7 +12,7 @@ across batches. The position of every row is a small JSON-serialisable state.
 from __future__ import annotations
 
 import math
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -44,7 +44,8 @@ def epochs_done(state: dict, n_sentences: int) -> float:
 class StreamBatcher:
     """Yields batches of the distinct words they hold and where each one stands:
 
-      chars   (U, C) int32  char ids of the batch's distinct input tokens (U bucketed, the
+      chars   (U, C) int32  char ids of the batch's distinct input tokens (U from
+                            `table_size(distinct count, bound)`, bucketed by default; the
                             spare rows 0)
       ids     (2, B, T) int32  row of `chars` at each position
       targets (2, B, T) int32  word ids to predict
@@ -66,6 +67,7 @@ class StreamBatcher:
         single_pass: bool = False,
         rows: Sequence[int] | None = None,
         chars: CharTable | None = None,
+        table_size: Callable[[int, int], int] | None = None,
     ):
         if len(corpus) == 0:
             raise ValueError(f"{corpus.name}: the corpus holds no sentences")
@@ -76,6 +78,7 @@ class StreamBatcher:
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
         self.rows = list(range(batch_size) if rows is None else rows)
         self.chars = chars or CharTable()
+        self.table_size = table_size or (lambda n, bound: bucket_size(n))
         self._perms: dict[int, np.ndarray] = {}
         # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
         self._pos = [[0, 0, 0] for _ in self.rows]
@@ -173,10 +176,27 @@ class StreamBatcher:
         order = np.lexsort(words.T[::-1])
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        chars = np.zeros((bucket_size(len(distinct)), self.chars.max_chars), np.int32)
+        # A window's inputs are at most B * T tokens per direction.
+        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), self.chars.max_chars), np.int32)
         chars[: len(distinct)] = words[order]
         ids = rank[inverse].reshape(rows.shape).astype(np.int32)
         return {"chars": chars, "ids": ids, "targets": targets, "mask": mask}
+
+    def empty_batch(self) -> dict[str, np.ndarray]:
+        """A batch without tokens (mask all False), shaped like this batcher's."""
+        B, T = len(self.rows), self.unroll_steps
+        chars = np.zeros((self.table_size(0, 2 * B * T), self.chars.max_chars), np.int32)
+        ids = np.zeros((2, B, T), np.int32)
+        return {"chars": chars, "ids": ids, "targets": ids.copy(), "mask": np.zeros((B, T), bool)}
+
+    def single_pass_batches(self) -> int:
+        """Batches one pass over the corpus takes: the global row with the most positions
+        decides (every process can compute it, whichever rows it reads)."""
+        per_row = np.zeros(self.batch_size, np.int64)
+        for k, i in enumerate(self._perm(0)):
+            n = len(self.corpus[int(i)])
+            per_row[k % self.batch_size] += n + 1 if n else 0
+        return int(-(-per_row.max() // self.unroll_steps))
 
     def positions_per_epoch(self) -> int:
         """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""

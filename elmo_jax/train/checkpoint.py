@@ -1,8 +1,10 @@
 """Orbax checkpoints of everything that decides where training is: the TrainState (params,
-optimizer state, carried LSTM state, step, rng) and the batcher's JSON position.
+optimizer state, carried LSTM state, step, rng) and the batcher's position.
 
-Saves are atomic (Orbax writes to a temporary folder and renames) and asynchronous; a run
-killed mid-save leaves the previous checkpoint as the latest.
+The batcher position of every global row is saved as a (B, 3) array sharded like the batch, so
+each process writes and reads its own rows; the rest of the batcher state is JSON. Saves are
+atomic (Orbax writes to a temporary folder and renames) and asynchronous; a run killed mid-save
+leaves the previous checkpoint as the latest.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
+from elmo_jax.train.parallel import DataParallel
 from elmo_jax.train.step import TrainState
 
 log = logging.getLogger(__name__)
@@ -22,7 +27,7 @@ class Checkpoints:
         self.directory = Path(directory).absolute()
         self.every = max(every, 1)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "rows", "data"))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -32,18 +37,24 @@ class Checkpoints:
         checkpoint has landed, which an asynchronous save takes a while to do)."""
         return step % self.every == 0
 
-    def save(self, step: int, state: TrainState, data_state: dict) -> None:
-        """Starts an asynchronous save; the previous one is finished first."""
+    def save(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel) -> None:
+        """Starts an asynchronous save; the previous one is finished first. `data_state` is the
+        batcher state of this process's rows."""
         self.manager.wait_until_finished()
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+        local = np.asarray(data_state["rows"], np.int32)
+        rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], 3))
+        meta = {k: v for k, v in data_state.items() if k != "rows"}
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), rows=ocp.args.StandardSave({"positions": rows}), data=ocp.args.JsonSave(meta)
+        )
         if not self.manager.save(step, args=args, force=True):
             raise RuntimeError(f"Orbax did not save the checkpoint of step {step} in {self.directory}")
 
-    def save_and_wait(self, step: int, state: TrainState, data_state: dict, tries: int = 3) -> None:
+    def save_and_wait(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel, tries: int = 3) -> None:
         """A save that has landed on return (for preemption). A signal arriving during an
         asynchronous write can make it fail without a trace, so it is checked and retried."""
         for _ in range(tries):
-            self.save(step, state, data_state)
+            self.save(step, state, data_state, parallel)
             self.wait()
             if self.manager.latest_step() == step:
                 return
@@ -51,12 +62,22 @@ class Checkpoints:
             self.manager.reload()
         raise RuntimeError(f"the checkpoint of step {step} did not land in {self.directory}")
 
-    def restore(self, abstract_state: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
-        """The checkpoint at `step` (default latest), shaped like `abstract_state`."""
+    def restore_state(self, abstract_state: TrainState, step: int | None = None) -> TrainState:
+        """The TrainState at `step` (default latest), shaped and sharded like `abstract_state`."""
         step = self.latest_step() if step is None else step
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
-        restored = self.manager.restore(step, args=args)
-        return restored.state, restored.data
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+        return self.manager.restore(step, args=args).state
+
+    def restore(self, abstract_state: TrainState, parallel: DataParallel, batch_size: int) -> tuple[TrainState, dict]:
+        """The latest TrainState and the batcher state of this process's rows."""
+        rows = jax.ShapeDtypeStruct((batch_size, 3), np.int32, sharding=parallel.rows)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), rows=ocp.args.StandardRestore({"positions": rows}), data=ocp.args.JsonRestore()
+        )
+        restored = self.manager.restore(self.latest_step(), args=args)
+        shards = sorted(restored.rows["positions"].addressable_shards, key=lambda s: s.index[0].start or 0)
+        local = np.concatenate([np.asarray(s.data) for s in shards])
+        return restored.state, {**restored.data, "rows": local.tolist()}
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

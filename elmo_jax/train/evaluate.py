@@ -3,20 +3,23 @@
 Full softmax, no dropout, LSTM states carried along each row, one pass over the sentences in
 order; perplexity = exp(mean over positions of 0.5 * (forward CE + backward CE)). Unlike
 run_test.py, the last partial batch is counted rather than dropped, so every position counts.
+Rows are sharded over the devices like training batches; every process runs the same number of
+batches (a process whose rows are done sends empty ones).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
 import numpy as np
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.model.lstm import LSTMState
 from elmo_jax.text.batcher import Corpus, StreamBatcher
 from elmo_jax.text.vocab import Vocabulary
+from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.step import eval_step
 
 
@@ -34,8 +37,13 @@ class _Prefix:
 
 
 @functools.cache
-def _jitted_eval(config: ModelConfig):
-    return jax.jit(functools.partial(eval_step, config=config))
+def _jitted_eval(config: ModelConfig, vocab_size: int, parallel: DataParallel):
+    state = parallel.lstm_state_sharding()
+    return jax.jit(
+        functools.partial(eval_step, config=config, vocab_size=vocab_size),
+        in_shardings=(None, parallel.batch_shardings(), state),
+        out_shardings=(parallel.replicated, parallel.replicated, state),
+    )
 
 
 def evaluate(
@@ -46,16 +54,24 @@ def evaluate(
     batch_size: int = 64,
     unroll_steps: int = 20,
     max_sentences: int | None = None,
+    parallel: DataParallel | None = None,
 ) -> dict[str, float]:
-    """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions)."""
+    """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions).
+    `batch_size` rows in all, split over the devices of `parallel` (default: all devices)."""
+    parallel = parallel or data_parallel()
+    parallel.check_rows(batch_size, "eval batch_size")
     if max_sentences is not None:
         corpus = _Prefix(corpus, max_sentences)
-    batcher = StreamBatcher(corpus, vocab, batch_size, unroll_steps, shuffle=False, single_pass=True)
-    step = _jitted_eval(config)
-    state = LSTMState.zeros(config, batch_size)
+    batcher = StreamBatcher(
+        corpus, vocab, batch_size, unroll_steps, shuffle=False, single_pass=True,
+        rows=parallel.local_rows(batch_size), table_size=parallel.table_size,
+    )
+    step = _jitted_eval(config, len(vocab), parallel)
+    state = parallel.zeros_lstm_state(config, batch_size)
     sums, count = [], []
-    for batch in batcher:
-        ce, n, state = step(params, batch, state)
+    batches = itertools.chain(batcher, itertools.repeat(None))
+    for batch in itertools.islice(batches, batcher.single_pass_batches()):
+        ce, n, state = step(params, parallel.put_batch(batch or batcher.empty_batch()), state)
         sums.append(ce)
         count.append(n)
     total = np.sum(np.stack(jax.device_get(sums)), axis=0, dtype=np.float64)

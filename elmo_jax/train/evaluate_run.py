@@ -31,7 +31,7 @@ def restore_latest(workdir: Path) -> tuple[ml_collections.ConfigDict, Vocabulary
     step = checkpoints.latest_step()
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    state, _ = checkpoints.restore(abstract_train_state(config, len(vocab)))
+    state = checkpoints.restore_state(abstract_train_state(config, len(vocab)))
     checkpoints.close()
     return config, vocab, state, step
 

@@ -3,6 +3,7 @@ held-out evaluation, checkpoints and preemption."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import jax
 import ml_collections
+from jax.experimental import multihost_utils
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.experiment import model_config, train_hparams
@@ -23,13 +25,17 @@ from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
+from elmo_jax.train.parallel import DataParallel, data_parallel, round_up
 from elmo_jax.train.prefetch import Prefetcher
 from elmo_jax.train.step import TrainState, init_train_state, make_train_step
 
 log = logging.getLogger(__name__)
 
-# Fields that must not change when a run resumes from a workdir's checkpoint.
-RESUME_FIELDS = ("train.batch_size", "train.unroll_steps", "train.seed", "data.train")
+# Fields that must not change when a run resumes from a workdir's checkpoint (train.devices is
+# saved resolved: the number of devices the run used).
+RESUME_FIELDS = (
+    "train.per_device_batch_size", "train.devices", "train.shard_softmax", "train.unroll_steps", "train.seed", "data.train",
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -91,24 +97,56 @@ def eval_summary(result: dict[str, float], source: str) -> dict[str, float]:
     return result
 
 
-def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int) -> TrainState:
-    """Shapes and dtypes of the TrainState, for restoring a checkpoint."""
+def softmax_rows(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+    """Rows of the softmax table: V, padded to a multiple of the devices when it is sharded."""
+    return round_up(vocab_size, config.train.devices) if config.train.shard_softmax else vocab_size
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, parallel: DataParallel | None = None) -> TrainState:
+    """Shapes, dtypes and shardings of the TrainState of a run whose config has its devices
+    resolved, for restoring a checkpoint; laid out by `parallel` (default: replicated over all
+    devices)."""
     model, hp = model_config(config), train_hparams(config, vocab_size)
-    return jax.eval_shape(lambda: init_train_state(jax.random.key(0), model, hp, hp.batch_size))
+    batch = config.train.per_device_batch_size * config.train.devices
+    abstract = jax.eval_shape(
+        lambda: init_train_state(jax.random.key(0), model, hp, batch, softmax_rows(config, vocab_size))
+    )
+    if parallel is None:
+        shardings = jax.tree.map(lambda _: data_parallel().replicated, abstract)
+    else:
+        shardings = parallel.state_shardings(abstract, config.train.shard_softmax)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-class _Preemption:
-    """Turns SIGTERM into a flag the loop checks between steps."""
+def resolve_devices(config: ml_collections.ConfigDict, parallel: DataParallel) -> ml_collections.ConfigDict:
+    """A copy of the config with train.devices set to the number of devices in use."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.train.devices = parallel.size
+    config.lock()
+    return config
+
+
+class Preemption:
+    """SIGTERM, seen by every process at the same step. One process: a Python signal handler
+    sets a flag the loop checks between steps. Several: JAX's preemption sync point (installed
+    by jax.distributed.initialize) makes all of them stop at the same step, so their
+    collectives and the checkpoint save line up."""
 
     def __init__(self):
         self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous = signal.signal(signal.SIGTERM, self._handle) if jax.process_count() == 1 else None
 
     def _handle(self, signum, frame):
         self.requested = True
 
-    def restore(self):
-        signal.signal(signal.SIGTERM, self._previous)
+    def reached(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            self.requested = self.requested or multihost_utils.reached_preemption_sync_point(step)
+        return self.requested
+
+    def close(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _check_finite(step: int, metrics: dict[str, float], checkpoints: Checkpoints) -> None:
@@ -124,6 +162,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     """Runs (or resumes) training in `workdir`; returns the final held-out evaluation."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    parallel = data_parallel(config.train.devices)
+    config = resolve_devices(config, parallel)
+    t = config.train
+    parallel.check_rows(t.eval_batch_size, "config.train.eval_batch_size")
     check_workdir(workdir, config)
     model = model_config(config)
     train_corpus = open_corpus(config.data.train, "train")
@@ -133,36 +175,45 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     if jax.process_index() == 0:
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
 
-    t = config.train
-    batcher = StreamBatcher(train_corpus, vocab, t.batch_size, t.unroll_steps, seed=t.seed)
+    batch_size = t.per_device_batch_size * parallel.size
+    batcher = StreamBatcher(
+        train_corpus, vocab, batch_size, t.unroll_steps, seed=t.seed,
+        rows=parallel.local_rows(batch_size), table_size=parallel.table_size,
+    )
     steps_per_epoch = batcher.steps_per_epoch()
     total_steps = math.ceil(t.n_epochs * steps_per_epoch)
     if t.max_steps > 0:
         total_steps = min(total_steps, t.max_steps)
     log.info(
-        "data: %s, %d sentences, %d words in the vocabulary; %d steps per epoch of %d x %d; running %d steps",
-        train_corpus.name, len(train_corpus), len(vocab), steps_per_epoch, t.batch_size, t.unroll_steps, total_steps,
+        "data: %s, %d sentences, %d words in the vocabulary; %d steps per epoch of %d x %d (%d device(s), %d "
+        "process(es)); running %d steps",
+        train_corpus.name, len(train_corpus), len(vocab), steps_per_epoch, batch_size, t.unroll_steps,
+        parallel.size, jax.process_count(), total_steps,
     )
 
     checkpoints = Checkpoints(workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints)
+    abstract = abstract_train_state(config, len(vocab), parallel)
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
     start = checkpoints.latest_step()
     if start is None:
-        state = init_train_state(jax.random.key(t.seed), model, hp, t.batch_size)
+        init = functools.partial(init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_rows(config, len(vocab)))
+        state = jax.jit(init, out_shardings=shardings)()
         start = 0
     else:
-        state, data_state = checkpoints.restore(abstract_train_state(config, len(vocab)))
+        state, data_state = checkpoints.restore(abstract, parallel, batch_size)
         batcher.restore(data_state)
         log.info("resumed from the checkpoint at step %d", start)
 
     compile_start = time.monotonic()
-    step_fn = make_train_step(model, hp, unroll=t.scan_unroll)
+    step_fn = make_train_step(model, hp, t.scan_unroll, (shardings, parallel.batch_shardings()))
     writer = MetricWriter(workdir)
     bar = ProgressBar(total_steps)
-    preemption = _Preemption()
-    prefetch = Prefetcher(batcher)
+    preemption = Preemption()
+    prefetch = Prefetcher(batcher, parallel.put_batch)
     pending = None  # (step, device metrics) not yet read
     window = {"start": time.monotonic(), "steps": 0, "tokens": 0, "sums": {}}
     step = start
+    stopped = False
     try:
         for step in range(start + 1, total_steps + 1):
             batch, data_state = next(prefetch)
@@ -174,33 +225,37 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
             if pending is not None:
                 _accumulate(window, checkpoints, *pending)
             pending = (step, metrics)
-            must_save = checkpoints.is_due(step) or step == total_steps or preemption.requested
+            stopped = preemption.reached(step)
+            must_save = checkpoints.is_due(step) or step == total_steps or stopped
             if must_save or step % t.log_every == 0:
                 _accumulate(window, checkpoints, *pending)  # this step must be good first
                 pending = None
             if step % t.log_every == 0:
                 _log_train(window, step, total_steps, epochs_done(data_state, len(train_corpus)), writer)
-            if preemption.requested:
-                checkpoints.save_and_wait(step, state, data_state)
+            if stopped:
+                checkpoints.save_and_wait(step, state, data_state, parallel)
             elif must_save:
-                checkpoints.save(step, state, data_state)
+                checkpoints.save(step, state, data_state, parallel)
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
-                result = evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, t.eval_sentences or None)
+                result = evaluate(
+                    state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, t.eval_sentences or None, parallel
+                )
                 _log_eval(step, eval_summary(result, config.data.heldout), writer)
             bar.update(step, start + 1, f"loss {window.get('last_loss', float('nan')):.3f}")
-            if preemption.requested:
-                log.info("SIGTERM: saved the checkpoint at step %d, exiting", step)
+            if stopped:
+                log.info("preempted (SIGTERM): saved the checkpoint at step %d, exiting", step)
                 break
     finally:
         bar.clear()
         prefetch.close()
-        preemption.restore()
+        preemption.close()
         checkpoints.wait()
         checkpoints.close()
     result = {}
-    if heldout is not None and not preemption.requested:
+    if heldout is not None and not stopped:
         result = eval_summary(
-            evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps), config.data.heldout
+            evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, parallel=parallel),
+            config.data.heldout,
         )
         _log_eval(step, result, writer)
     writer.close()

@@ -1,11 +1,11 @@
-"""Batches made in a background thread, each paired with the batcher state after it, so a
-checkpoint records exactly the batches the train step has consumed."""
+"""Batches made (and put on the devices) in a background thread, each paired with the batcher
+state after it, so a checkpoint records exactly the batches the train step has consumed."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from elmo_jax.text.batcher import StreamBatcher
 
@@ -13,16 +13,17 @@ _DONE = object()
 
 
 class Prefetcher:
-    def __init__(self, batcher: StreamBatcher, depth: int = 4):
+    def __init__(self, batcher: StreamBatcher, put: Callable[[dict], dict] = lambda batch: batch, depth: int = 4):
+        """`put` turns a host batch into what the step takes (device arrays)."""
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(batcher,), daemon=True, name="prefetch")
+        self._thread = threading.Thread(target=self._run, args=(batcher, put), daemon=True, name="prefetch")
         self._thread.start()
 
-    def _run(self, batcher: StreamBatcher) -> None:
+    def _run(self, batcher: StreamBatcher, put: Callable[[dict], dict]) -> None:
         try:
             for batch in batcher:
-                if not self._put((batch, batcher.state())):
+                if not self._put((put(batch), batcher.state())):
                     return
             self._put(_DONE)
         except BaseException as e:  # handed to the consumer, raised there

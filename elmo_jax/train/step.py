@@ -3,11 +3,18 @@
 train_step: (state, batch) -> (state, metrics). Loss = 0.5 * (forward + backward) sampled-softmax
 cross entropy, each the mean over the batch's positions; one global-norm clip, then Adagrad.
 Randomness (dropout, candidate sampling) comes from fold_in(rng, step).
+
+A step touches only K = 2S + 2BT rows of the softmax table (each direction's S candidates and the
+targets): it gathers them, differentiates the loss with respect to those rows alone and applies
+Adagrad to them alone. Rows a step does not touch have a zero gradient, which leaves their
+Adagrad accumulator and value unchanged, so this is exactly the dense update, and neither the
+gradient exchange between devices nor the update grows with the vocabulary.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import flax.struct
 import jax
@@ -25,57 +32,106 @@ Batch = dict  # chars (U, C), ids (2, B, T), targets (2, B, T) int32; mask (B, T
 @flax.struct.dataclass
 class TrainState:
     params: dict
-    opt_state: optax.OptState
+    opt_state: dict  # dense: optax Adagrad state of all params but the softmax; softmax: {W, b} accumulators
     lstm_state: LSTMState
     step: jax.Array
     rng: jax.Array  # raw key data (uint32), so checkpoints hold plain arrays
 
 
-def make_optimizer(hp: TrainHParams) -> optax.GradientTransformation:
-    """Global-norm clip, then Adagrad as TF1 applies it (no epsilon)."""
-    return optax.chain(
-        optax.clip_by_global_norm(hp.all_clip_norm_val),
-        optax.adagrad(hp.learning_rate, initial_accumulator_value=hp.initial_accumulator_value, eps=0.0),
-    )
+def dense_optimizer(hp: TrainHParams) -> optax.GradientTransformation:
+    """Adagrad as TF1 applies it (no epsilon), for every param but the softmax table."""
+    return optax.adagrad(hp.learning_rate, initial_accumulator_value=hp.initial_accumulator_value, eps=0.0)
 
 
-def init_train_state(rng: jax.Array, config: ModelConfig, hp: TrainHParams, batch_size: int) -> TrainState:
-    """Fresh params, optimizer state and zero LSTM state for `batch_size` rows."""
+def _without_softmax(params: dict) -> dict:
+    return {k: v for k, v in params.items() if k != "softmax"}
+
+
+def init_train_state(
+    rng: jax.Array, config: ModelConfig, hp: TrainHParams, batch_size: int, softmax_rows: int | None = None
+) -> TrainState:
+    """Fresh params, optimizer state and zero LSTM state for `batch_size` rows (global). The
+    softmax table gets `softmax_rows` >= V rows (zero padding, for sharding by rows)."""
     k_init, k_train = jax.random.split(rng)
     params = init_params(k_init, config, hp.n_tokens_vocab)
+    pad = (softmax_rows or hp.n_tokens_vocab) - hp.n_tokens_vocab
+    params["softmax"] = {
+        "W": jnp.pad(params["softmax"]["W"], ((0, pad), (0, 0))),
+        "b": jnp.pad(params["softmax"]["b"], (0, pad)),
+    }
+    accumulators = jax.tree.map(lambda x: jnp.full_like(x, hp.initial_accumulator_value), params["softmax"])
     return TrainState(
         params=params,
-        opt_state=make_optimizer(hp).init(params),
+        opt_state={"dense": dense_optimizer(hp).init(_without_softmax(params)), "softmax": accumulators},
         lstm_state=LSTMState.zeros(config, batch_size),
         step=jnp.zeros((), jnp.int32),
         rng=jax.random.key_data(k_train),
     )
 
 
-def _loss(params, batch: Batch, lstm_state: LSTMState, rng, config: ModelConfig, hp: TrainHParams, unroll: int):
-    k_dropout, k_sample = jax.random.split(rng)
+class SoftmaxRows(NamedTuple):
+    """The rows of the softmax table one step uses and where its ids sit among them.
+
+    rows (K,): distinct table rows, ascending, padded with the out-of-range row count;
+    candidates (2, S) / targets (2, N): positions in `rows` of each direction's sampled ids and
+    targets; log_q_*: log of the sampler's expected count of each (TF's correction)."""
+
+    rows: jax.Array
+    candidates: jax.Array
+    log_q_candidates: jax.Array
+    targets: jax.Array
+    log_q_targets: jax.Array
+
+
+def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainHParams, table_rows: int) -> SoftmaxRows:
+    """Samples each direction's candidates and collects the rows the step touches."""
+    log_p = log_uniform_log_probs(hp.n_tokens_vocab)
+    cands = [sample_candidates(jax.random.fold_in(rng, d), log_p, hp.n_negative_samples_batch) for d in range(2)]
+    ids_2S = jnp.stack([c.ids for c in cands])
+    used = jnp.concatenate([ids_2S.reshape(-1), targets_2N.reshape(-1)])
+    rows = jnp.unique(used, size=used.size, fill_value=table_rows)
+    return SoftmaxRows(
+        rows=rows,
+        candidates=jnp.searchsorted(rows, ids_2S),
+        log_q_candidates=jnp.stack([c.log_expected_count(c.ids, log_p) for c in cands]),
+        targets=jnp.searchsorted(rows, targets_2N),
+        log_q_targets=jnp.stack([c.log_expected_count(targets_2N[d], log_p) for d, c in enumerate(cands)]),
+    )
+
+
+def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, config: ModelConfig, hp: TrainHParams, unroll: int):
+    """params["softmax"] holds only the rows `used.rows` (K, P) and (K,)."""
     top_2BTP, new_state = bilm_top(
-        params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, k_dropout, hp.dropout, unroll
+        params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, rng, hp.dropout, unroll
     )
     W, b = params["softmax"]["W"], params["softmax"]["b"]
-    log_p = log_uniform_log_probs(W.shape[0])
     mask_N = batch["mask"].reshape(-1)
     n_tokens = jnp.maximum(mask_N.sum(), 1)
     losses = []
-    for direction in range(2):
-        cand = sample_candidates(jax.random.fold_in(k_sample, direction), log_p, hp.n_negative_samples_batch)
-        targets_N = batch["targets"][direction].reshape(-1)
+    for d in range(2):
         ce = sampled_softmax_ce(
-            top_2BTP[direction].reshape(-1, top_2BTP.shape[-1]),
-            targets_N,
+            top_2BTP[d].reshape(-1, top_2BTP.shape[-1]),
+            used.targets[d],
             W,
             b,
-            cand.ids,
-            cand.log_expected_count(cand.ids, log_p),
-            cand.log_expected_count(targets_N, log_p),
+            used.candidates[d],
+            used.log_q_candidates[d],
+            used.log_q_targets[d],
+            config.compute_dtype,
         )
         losses.append(jnp.sum(jnp.where(mask_N, ce, 0.0)) / n_tokens)
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
+
+
+def _sparse_adagrad(table: dict, accumulators: dict, table_rows: dict, grads: dict, rows: jax.Array, lr: float):
+    """Adagrad on rows `rows` of each table (rows out of range, the padding, are skipped)."""
+    new_table, new_acc = {}, {}
+    for key in table:
+        acc_rows = accumulators[key].at[rows].get(mode="fill", fill_value=1.0) + grads[key] ** 2
+        value_rows = table_rows[key] - lr * grads[key] / jnp.sqrt(acc_rows)
+        new_table[key] = table[key].at[rows].set(value_rows, mode="drop")
+        new_acc[key] = accumulators[key].at[rows].set(acc_rows, mode="drop")
+    return new_table, new_acc
 
 
 def train_step(
@@ -83,37 +139,65 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adagrad step; metrics: loss, loss_forward, loss_backward, grad_norm, tokens."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    k_dropout, k_sample = jax.random.split(rng)
+    table = state.params["softmax"]
+    used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
+    table_rows = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
+    params = {**state.params, "softmax": table_rows}
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
-    (loss, (losses, lstm_state)), grads = grad_fn(state.params, batch, state.lstm_state, rng, config, hp, unroll)
-    updates, opt_state = make_optimizer(hp).update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    (loss, (losses, lstm_state)), grads = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll)
+    grad_norm = optax.tree.norm(grads)
+    grads, _ = optax.clip_by_global_norm(hp.all_clip_norm_val).update(grads, optax.EmptyState())
+    updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
+    new_params = optax.apply_updates(_without_softmax(state.params), updates)
+    new_params["softmax"], softmax_state = _sparse_adagrad(
+        table, state.opt_state["softmax"], table_rows, grads["softmax"], used.rows, hp.learning_rate
+    )
     metrics = {
         "loss": loss,
         "loss_forward": losses[0],
         "loss_backward": losses[1],
-        "grad_norm": optax.tree.norm(grads),
+        "grad_norm": grad_norm,
         "tokens": batch["mask"].sum(),
     }
-    new_state = state.replace(params=params, opt_state=opt_state, lstm_state=lstm_state, step=state.step + 1)
+    new_state = state.replace(
+        params=new_params,
+        opt_state={"dense": dense_state, "softmax": softmax_state},
+        lstm_state=lstm_state,
+        step=state.step + 1,
+    )
     return new_state, metrics
 
 
-def make_train_step(config: ModelConfig, hp: TrainHParams, unroll: int = 1):
-    """The jitted train step; the incoming state's buffers are donated."""
-    return jax.jit(functools.partial(train_step, config=config, hp=hp, unroll=unroll), donate_argnums=0)
+def make_train_step(config: ModelConfig, hp: TrainHParams, unroll: int = 1, shardings=None):
+    """The jitted train step; the incoming state's buffers are donated. `shardings`:
+    (state shardings, batch shardings) to lay the step out over a mesh (see parallel.py)."""
+    step = functools.partial(train_step, config=config, hp=hp, unroll=unroll)
+    if shardings is None:
+        return jax.jit(step, donate_argnums=0)
+    return jax.jit(step, in_shardings=shardings, out_shardings=(shardings[0], None), donate_argnums=0)
 
 
 def eval_step(
-    params: dict, batch: Batch, lstm_state: LSTMState, *, config: ModelConfig, unroll: int = 1
+    params: dict, batch: Batch, lstm_state: LSTMState, *, config: ModelConfig, vocab_size: int, unroll: int = 1
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
-    """Full-softmax evaluation, no dropout: summed cross entropy per direction (2,), the number
-    of positions, and the carried state."""
+    """Full-softmax evaluation over the first `vocab_size` table rows, no dropout: summed cross
+    entropy per direction (2,), the number of positions, and the carried state."""
     top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, unroll=unroll)
     W, b = params["softmax"]["W"], params["softmax"]["b"]
     mask_N = batch["mask"].reshape(-1)
     sums = jnp.stack(
         [
-            jnp.sum(jnp.where(mask_N, full_softmax_ce(top_2BTP[d].reshape(-1, top_2BTP.shape[-1]), batch["targets"][d].reshape(-1), W, b), 0.0))
+            jnp.sum(
+                jnp.where(
+                    mask_N,
+                    full_softmax_ce(
+                        top_2BTP[d].reshape(-1, top_2BTP.shape[-1]), batch["targets"][d].reshape(-1), W, b,
+                        vocab_size, config.compute_dtype,
+                    ),
+                    0.0,
+                )
+            )
             for d in range(2)
         ]
     )

@@ -1,0 +1,138 @@
+"""Data parallelism over a one-axis mesh ("data") of devices, on one host or many.
+
+Batch rows (and the LSTM state they carry) are sharded over "data"; params and optimizer state
+are replicated, except the softmax table, which can be sharded by rows. Each process feeds only
+the rows that live on its own devices: a contiguous block of the global batch, so row r of the
+global batch reads the same text whatever the number of processes. `jax.jit` over the mesh
+inserts the collectives (gradient all-reduce, gathers of the softmax rows a step touches).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from elmo_jax.model.lstm import LSTMState
+from elmo_jax.text.batcher import bucket_size
+
+AXIS = "data"
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class DataParallel:
+    """The mesh of the first `devices` devices (0 = all) and how arrays are laid out on it."""
+
+    def __init__(self, devices: int = 0):
+        available = jax.devices()
+        n = devices or len(available)
+        if not 0 < n <= len(available):
+            raise ValueError(f"config.train.devices={devices}: this run sees {len(available)} device(s)")
+        if jax.process_count() > 1 and n != len(available):
+            raise ValueError(
+                f"config.train.devices={devices}: a multi-process run uses all {len(available)} devices "
+                f"of its {jax.process_count()} processes (devices=0)"
+            )
+        self.mesh = jax.make_mesh((n,), (AXIS,), axis_types=(AxisType.Auto,), devices=available[:n])
+        self.size = n
+        self.local_size = sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.rows = NamedSharding(self.mesh, PartitionSpec(AXIS))
+
+    def sharded_on(self, axis: int) -> NamedSharding:
+        """Sharded on array axis `axis` over the devices."""
+        return NamedSharding(self.mesh, PartitionSpec(*[None] * axis, AXIS))
+
+    # -- batches ----------------------------------------------------------------------------
+    def check_rows(self, global_rows: int, what: str) -> None:
+        if global_rows % self.size:
+            raise ValueError(
+                f"{what}={global_rows} rows cannot be split evenly over {self.size} devices; use a "
+                f"multiple of {self.size}"
+            )
+
+    def local_rows(self, global_rows: int) -> range:
+        """The global batch rows whose shards live on this process's devices."""
+        self.check_rows(global_rows, "batch")
+        slices = sorted(s[0].start or 0 for s in self.rows.addressable_devices_indices_map((global_rows,)).values())
+        per_device = global_rows // self.size
+        start = slices[0]
+        if slices != list(range(start, start + per_device * len(slices), per_device)):
+            raise ValueError(f"this process's devices hold rows starting at {slices}: not one contiguous block")
+        return range(start, start + per_device * len(slices))
+
+    def table_size(self, n_distinct: int, max_distinct: int) -> int:
+        """Rows of a process's table of distinct words (see StreamBatcher): the distinct count
+        rounded up when one process feeds the mesh; the fixed bound `max_distinct` when several
+        do, as every process must send the same shape without asking the others."""
+        if jax.process_count() == 1:
+            return round_up(bucket_size(n_distinct), self.local_size)
+        return round_up(max_distinct, self.local_size)
+
+    def batch_shardings(self) -> dict[str, NamedSharding]:
+        return {"chars": self.rows, "ids": self.sharded_on(1), "targets": self.sharded_on(1), "mask": self.rows}
+
+    def put_batch(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """This process's rows of a batch -> global arrays. Each process's `chars` table becomes
+        its block of the global table, so its `ids` are offset to point into that block."""
+        n_proc, index = jax.process_count(), jax.process_index()
+        local = {**local, "ids": local["ids"] + index * local["chars"].shape[0]}
+        out = {}
+        for key, sharding in self.batch_shardings().items():
+            x = local[key]
+            axis = 1 if key in ("ids", "targets") else 0
+            shape = x.shape[:axis] + (x.shape[axis] * n_proc,) + x.shape[axis + 1 :]
+            out[key] = jax.make_array_from_process_local_data(sharding, x, shape)
+        return out
+
+    def lstm_state_sharding(self) -> LSTMState:
+        return LSTMState(self.sharded_on(2), self.sharded_on(2))
+
+    def state_shardings(self, abstract_state, shard_softmax: bool):
+        """Shardings of a TrainState: replicated but for the carried LSTM state (by rows, like
+        the batch) and, with `shard_softmax`, the softmax table and its Adagrad accumulators
+        (by table rows)."""
+        table = self.rows if shard_softmax else self.replicated
+        shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
+        return shardings.replace(
+            params={**shardings.params, "softmax": {"W": table, "b": table}},
+            opt_state={**shardings.opt_state, "softmax": {"W": table, "b": table}},
+            lstm_state=self.lstm_state_sharding(),
+        )
+
+    def zeros_lstm_state(self, config, global_rows: int) -> LSTMState:
+        """Zero carried state (2, L, B, .) with its rows sharded like the batch."""
+        return jax.jit(lambda: LSTMState.zeros(config, global_rows), out_shardings=self.lstm_state_sharding())()
+
+
+@functools.cache
+def data_parallel(devices: int = 0) -> DataParallel:
+    """One DataParallel per device count, so jitted functions keyed on it are reused."""
+    return DataParallel(devices)
+
+
+_COLLECTIVE = re.compile(
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+)
+_ARRAY = re.compile(r"(pred|[suf]\d+|bf16)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "bf16": 2}
+
+
+def communication_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes that a compiled program's collectives produce, per collective kind, read from its
+    HLO text (`jit(f).lower(...).compile().as_text()`): the result size of every all-reduce,
+    all-gather, reduce-scatter, all-to-all and collective-permute (async pairs counted once)."""
+    totals: dict[str, int] = {}
+    for match in _COLLECTIVE.finditer(hlo_text):
+        size = 0
+        for dtype, dims in _ARRAY.findall(match["shape"]):
+            itemsize = _BYTES.get(dtype) or int(dtype[1:]) // 8
+            size += itemsize * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+        totals[match["op"]] = totals.get(match["op"], 0) + size
+    return totals
