@@ -30,6 +30,10 @@ flags.DEFINE_string("input", None, "embed: text file, one whitespace-tokenized s
 flags.DEFINE_string("output", None, "embed: output HDF5 file.")
 flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "embed: which layers to write.")
 flags.DEFINE_bool("stateful", False, "embed: carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
+flags.DEFINE_string("coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's cluster detection).")
+flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
+flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0 .. num_processes - 1.")
+flags.DEFINE_integer("coordinator_timeout", 300, "Multi-process runs: seconds to wait for the coordinator and the other processes.")
 
 log = logging.getLogger("elmo_jax")
 
@@ -134,4 +138,13 @@ def main(argv: list[str]) -> None:
     _setup_logging()
     if len(argv) != 2 or argv[1] not in COMMANDS:
         sys.exit(f"usage: launch.py COMMAND [--flags]; COMMAND is one of: {', '.join(COMMANDS)}")
+    if FLAGS.coordinator is not None:
+        from elmo_jax.distributed import initialize
+
+        try:
+            initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id, FLAGS.coordinator_timeout)
+        except (ValueError, ConnectionError) as e:
+            sys.exit(f"launch.py: {e}")
+    elif FLAGS.num_processes is not None or FLAGS.process_id is not None:
+        sys.exit("launch.py: --num_processes and --process_id need --coordinator=HOST:PORT (or auto)")
     COMMANDS[argv[1]]()

@@ -31,3 +31,15 @@ def fixtures_dir() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def text_data(tmp_path_factory) -> Path:
+    """A small corpus in LM1B's format: train.txt and heldout.txt of demo sentences."""
+    from elmo_jax.text.demo_corpus import DemoCorpus
+
+    folder = tmp_path_factory.mktemp("text")
+    corpus = DemoCorpus("train", seed=5, size=300)
+    (folder / "train.txt").write_text("\n".join(" ".join(corpus[i]) for i in range(240)) + "\n")
+    (folder / "heldout.txt").write_text("\n".join(" ".join(corpus[i]) for i in range(240, 300)) + "\n")
+    return folder

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.train.loop import TrainingDiverged, train
 from tiny_models import tiny_options
 
@@ -29,16 +28,6 @@ TINY_FLAGS = [
     "--config.model.lstm.projection_dim=8",
     "--config.model.char_cnn.embedding.dim=4",
 ]
-
-
-@pytest.fixture(scope="module")
-def text_data(tmp_path_factory):
-    """A small corpus in LM1B's format: train and held-out files of demo sentences."""
-    folder = tmp_path_factory.mktemp("text")
-    corpus = DemoCorpus("train", seed=5, size=300)
-    (folder / "train.txt").write_text("\n".join(" ".join(corpus[i]) for i in range(240)) + "\n")
-    (folder / "heldout.txt").write_text("\n".join(" ".join(corpus[i]) for i in range(240, 300)) + "\n")
-    return folder
 
 
 def tiny_config(text_data, **train):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.model.matmul import matmul
+from elmo_jax.model.matmul import matmul, result_type
 
 Params = dict
 
@@ -52,7 +52,7 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
         f = params["cnn"][f"filter_{i}"]
         y_NWn = jax.lax.conv_general_dilated(
             x_NCD, f["W"].astype(dtype), window_strides=(1,), padding="VALID",
-            dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32,
+            dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=result_type(dtype),
         )
         pooled.append(activation(jnp.max(y_NWn, axis=1) + f["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)

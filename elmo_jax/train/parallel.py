@@ -78,6 +78,18 @@ class DataParallel:
     def batch_shardings(self) -> dict[str, NamedSharding]:
         return {"chars": self.rows, "ids": self.sharded_on(1), "targets": self.sharded_on(1), "mask": self.rows}
 
+    def abstract_batch(self, rows: int, unroll_steps: int, table_rows: int, max_chars: int) -> dict:
+        """Shapes, dtypes and shardings of a global batch, to compile a step without data."""
+        shapes = {
+            "chars": ((table_rows, max_chars), np.int32),
+            "ids": ((2, rows, unroll_steps), np.int32),
+            "targets": ((2, rows, unroll_steps), np.int32),
+            "mask": ((rows, unroll_steps), np.bool_),
+        }
+        return {
+            k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_shardings()[k]) for k, (shape, dtype) in shapes.items()
+        }
+
     def put_batch(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """This process's rows of a batch -> global arrays. Each process's `chars` table becomes
         its block of the global table, so its `ids` are offset to point into that block."""
