@@ -3,9 +3,11 @@ losses, final params and evaluation of 1 process with 4 devices, across a checkp
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -39,14 +41,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(args: list[str], n: int, devices_each: int) -> list[str]:
-    """Runs `args` as n processes of one run; returns each one's last stdout line."""
+def start_processes(args: list[str], n: int, devices_each: int) -> list[subprocess.Popen]:
+    """Starts `args` as n processes of one run (a plain run when n is 1)."""
     port = free_port()
     extra = [[f"--coordinator=127.0.0.1:{port}", f"--num_processes={n}", f"--process_id={i}", "--coordinator_timeout=60"] for i in range(n)]
-    procs = [
+    return [
         subprocess.Popen(args + (e if n > 1 else []), env=env(devices_each), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for e in extra
     ]
+
+
+def run_processes(args: list[str], n: int, devices_each: int) -> list[str]:
+    """Runs `args` as n processes of one run; returns each one's last stdout line."""
+    procs = start_processes(args, n, devices_each)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out
@@ -75,6 +82,21 @@ def test_two_processes_train_like_one(tmp_path, text_data):
     assert step == 6 and config.train.devices == 4
     for a, b in zip(jax.tree.leaves(state_two.params), jax.tree.leaves(state_one.params)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_saves_the_same_step_in_all(tmp_path, text_data):
+    procs = start_processes(train_args(text_data, tmp_path, 100_000), 2, 2)
+    deadline = time.monotonic() + 120
+    while not any(p.name.isdigit() for p in (tmp_path / "checkpoints").glob("*")):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no checkpoint appeared"
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    saved = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == max(losses(tmp_path)) and saved < 100_000
+    assert all(f"saved the checkpoint at step {saved}, exiting" in out for out in outs)
 
 
 def test_an_unreachable_coordinator_fails_naming_it(tmp_path, text_data):

@@ -11,7 +11,7 @@ from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
-from elmo_jax.train.parallel import DataParallel, communication_bytes, round_up
+from elmo_jax.train.parallel import DataParallel, collectives_in_loops, communication_bytes, round_up
 from elmo_jax.train.step import init_train_state, make_train_step
 from tiny_models import tiny_options
 
@@ -35,7 +35,7 @@ def run(devices: int, shard_softmax: bool, hp: TrainHParams, batches: list[dict]
     init = lambda: init_train_state(jax.random.key(1), config, hp, B, rows)  # noqa: E731
     shardings = parallel.state_shardings(jax.eval_shape(init), shard_softmax)
     state = jax.jit(init, out_shardings=shardings)()
-    step = make_train_step(config, hp, shardings=(shardings, parallel.batch_shardings()))
+    step = make_train_step(config, hp, parallel=parallel, state_shardings=shardings)
     losses = []
     for batch in batches:
         state, metrics = step(state, parallel.put_batch(batch))
@@ -60,22 +60,24 @@ def test_8_devices_equal_1_device(data, shard_softmax):
     assert W.sharding.shard_shape(W.shape)[0] == (W.shape[0] // 8 if shard_softmax else V)
 
 
-def compiled_bytes(vocab_size: int, shard_softmax: bool, config: ModelConfig = CONFIG, per_device: int = 2, unroll: int = 5):
-    """Collective bytes of the compiled train step on 8 devices (nothing allocated)."""
+def compiled_step(vocab_size: int, shard_softmax: bool, config: ModelConfig = CONFIG, per_device: int = 2, unroll: int = 5) -> str:
+    """HLO text of the train step compiled for 8 devices (nothing allocated)."""
     parallel = DataParallel(8)
     rows = round_up(vocab_size, 8) if shard_softmax else vocab_size
     hp = TrainHParams(batch_size=per_device, unroll_steps=unroll, n_tokens_vocab=vocab_size, n_negative_samples_batch=64)
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, 8 * per_device, rows))
-    shardings = (parallel.state_shardings(abstract, shard_softmax), parallel.batch_shardings())
-    step = make_train_step(config, hp, shardings=shardings)
+    step = make_train_step(config, hp, parallel=parallel, state_shardings=parallel.state_shardings(abstract, shard_softmax))
     batch = parallel.abstract_batch(8 * per_device, unroll, 64, config.char_cnn.max_characters_per_token)
-    return communication_bytes(step.lower(abstract, batch).compile().as_text())
+    return step.lower(abstract, batch).compile().as_text()
 
 
 @pytest.mark.parametrize("shard_softmax", [False, True])
 def test_communication_does_not_grow_with_the_vocabulary(shard_softmax):
-    small, large = compiled_bytes(1_000, shard_softmax), compiled_bytes(16_000, shard_softmax)
-    assert small == large
+    small_hlo, large_hlo = compiled_step(1_000, shard_softmax), compiled_step(16_000, shard_softmax)
+    small, large = communication_bytes(small_hlo), communication_bytes(large_hlo)
+    assert small == large and set(large) >= {"all-reduce"}
+    # Nothing is exchanged at every time step of the LSTM scans.
+    assert collectives_in_loops(large_hlo) == []
     # Far less than one dense gradient of the table.
     assert sum(large.values()) < 16_000 * CONFIG.lstm.projection_dim * 4 / 4
 

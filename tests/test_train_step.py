@@ -8,6 +8,7 @@ from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
+from elmo_jax.train.parallel import data_parallel
 from elmo_jax.train.step import _loss, init_train_state, make_train_step, softmax_rows
 from tiny_models import tiny_options
 
@@ -35,7 +36,7 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, len(vocab))
     # The same sample, indexing the whole table.
     whole = used._replace(rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets])
-    grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1)[0])(state.params)
+    grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0])(state.params)
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
     assert norm > hp.all_clip_norm_val  # so the clip is exercised
     scale = hp.all_clip_norm_val / norm

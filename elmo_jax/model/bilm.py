@@ -40,22 +40,34 @@ def bilm_top(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
-    dropout_rng: jax.Array | None = None,
-    dropout: float = 0.0,
     unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """Training/evaluation view: the batch's distinct tokens (U, C) and, for the forward stream
     and the backward stream (already reversed within each sentence), the token at each position
     (2, B, T) -> top LSTM layer (2, B, T, P) and the new state. Each distinct token is encoded
-    once. With a dropout rng, dropout is applied as bilm-tf does, including once more on the top
-    output."""
+    once."""
     tokens_UP = encode_tokens(params["token_encoder"], chars_UC, config)
-    layers, state = lstm_stacks(
-        params["lstm"], tokens_UP[ids_2BT], mask_BT, state, config, dropout_rng, dropout, unroll
-    )
+    return lstm_top(params["lstm"], tokens_UP, ids_2BT, mask_BT, state, config, unroll=unroll)
+
+
+def lstm_top(
+    lstm_params: Params,
+    tokens_UP: jax.Array,
+    ids_2BT: jax.Array,
+    mask_BT: jax.Array,
+    state: LSTMState,
+    config: ModelConfig,
+    keep_masks: jax.Array | None = None,
+    dropout: float = 0.0,
+    unroll: int = 1,
+) -> tuple[jax.Array, LSTMState]:
+    """Encoded tokens (U, P) gathered at the positions (2, B, T) -> top LSTM layer (2, B, T, P)
+    and the new state. With `keep_masks` (L + 1, 2, B, T, P), dropout as bilm-tf applies it:
+    on each layer's input, and once more on the top output."""
+    layers, state = lstm_stacks(lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks, dropout, unroll)
     top = layers[-1]
-    if dropout_rng is not None and dropout > 0.0:
-        top = apply_dropout(jax.random.fold_in(dropout_rng, config.lstm.n_layers), top, dropout)
+    if keep_masks is not None:
+        top = apply_dropout(keep_masks[config.lstm.n_layers], top, dropout)
     return top, state
 
 

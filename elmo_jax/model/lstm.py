@@ -98,13 +98,14 @@ def lstm_stacks(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
-    dropout_rng: jax.Array | None = None,
+    keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
     unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state.
 
-    With `dropout_rng`, each layer's input is dropped out (rate `dropout`) as bilm-tf's
+    With `keep_masks` (at least L, 2, B, T, P; bool), layer l's input is dropped out where
+    keep_masks[l] is False and scaled by 1 / (1 - dropout) elsewhere, as bilm-tf's
     DropoutWrapper does, and the residual (layers >= 1 with skip connections) adds the
     dropped-out input. Outputs are 0 where mask is False.
     """
@@ -116,8 +117,8 @@ def lstm_stacks(
     outputs, hs, cs = [], [], []
     layer_in = x_2BTP
     for layer in range(cfg.n_layers):
-        if dropout_rng is not None and dropout > 0.0:
-            layer_in = apply_dropout(jax.random.fold_in(dropout_rng, layer), layer_in, dropout)
+        if keep_masks is not None:
+            layer_in = apply_dropout(keep_masks[layer], layer_in, dropout)
         out, h, c = layer_fn(params[f"layer_{layer}"], layer_in, state.h[:, layer], state.c[:, layer])
         if cfg.use_skip_connections and layer > 0:
             out = jnp.where(keep, out + layer_in, 0.0)
@@ -128,7 +129,11 @@ def lstm_stacks(
     return jnp.stack(outputs), LSTMState(jnp.stack(hs, axis=1), jnp.stack(cs, axis=1))
 
 
-def apply_dropout(rng: jax.Array, x: jax.Array, rate: float) -> jax.Array:
-    """Inverted dropout: zero with probability `rate`, scale the rest by 1 / (1 - rate)."""
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+def dropout_keep_masks(rng: jax.Array, rate: float, n: int, shape: tuple[int, ...]) -> jax.Array:
+    """n independent keep masks (n, *shape), each element True with probability 1 - rate."""
+    return jnp.stack([jax.random.bernoulli(jax.random.fold_in(rng, i), 1.0 - rate, shape) for i in range(n)])
+
+
+def apply_dropout(keep: jax.Array, x: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout: zero where `keep` is False, scale the rest by 1 / (1 - rate)."""
     return jnp.where(keep, x / (1.0 - rate), 0.0)

@@ -67,6 +67,7 @@ def evaluate(
         rows=parallel.local_rows(batch_size), table_size=parallel.table_size,
     )
     step = _jitted_eval(config, len(vocab), parallel)
+    params = parallel.onto_mesh(params)
     state = parallel.zeros_lstm_state(config, batch_size)
     sums, count = [], []
     batches = itertools.chain(batcher, itertools.repeat(None))

@@ -205,7 +205,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
         log.info("resumed from the checkpoint at step %d", start)
 
     compile_start = time.monotonic()
-    step_fn = make_train_step(model, hp, t.scan_unroll, (shardings, parallel.batch_shardings()))
+    step_fn = make_train_step(model, hp, t.scan_unroll, parallel, shardings)
     writer = MetricWriter(workdir)
     bar = ProgressBar(total_steps)
     preemption = Preemption()

@@ -118,6 +118,18 @@ class DataParallel:
             lstm_state=self.lstm_state_sharding(),
         )
 
+    def onto_mesh(self, tree):
+        """Arrays already laid out on this mesh's devices stay as they are; the others (numpy,
+        or on other devices) are replicated onto it."""
+        devices = set(self.mesh.devices.flat)
+
+        def place(x):
+            if isinstance(x, jax.Array) and x.sharding.device_set == devices:
+                return x
+            return jax.device_put(x, self.replicated)
+
+        return jax.tree.map(place, tree)
+
     def zeros_lstm_state(self, config, global_rows: int) -> LSTMState:
         """Zero carried state (2, L, B, .) with its rows sharded like the batch."""
         return jax.jit(lambda: LSTMState.zeros(config, global_rows), out_shardings=self.lstm_state_sharding())()
@@ -139,7 +151,8 @@ _BYTES = {"pred": 1, "bf16": 2}
 def communication_bytes(hlo_text: str) -> dict[str, int]:
     """Bytes that a compiled program's collectives produce, per collective kind, read from its
     HLO text (`jit(f).lower(...).compile().as_text()`): the result size of every all-reduce,
-    all-gather, reduce-scatter, all-to-all and collective-permute (async pairs counted once)."""
+    all-gather, reduce-scatter, all-to-all and collective-permute (async pairs counted once).
+    Each op counts once: see `collectives_in_loops` for ops that run once per loop iteration."""
     totals: dict[str, int] = {}
     for match in _COLLECTIVE.finditer(hlo_text):
         size = 0
@@ -148,3 +161,21 @@ def communication_bytes(hlo_text: str) -> dict[str, int]:
             size += itemsize * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
         totals[match["op"]] = totals.get(match["op"], 0) + size
     return totals
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+_WHILE_BODY = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
+
+
+def collectives_in_loops(hlo_text: str) -> list[str]:
+    """The collectives of a compiled program that sit in a while loop's body (a scan), where
+    they run at every iteration."""
+    bodies = set(_WHILE_BODY.findall(hlo_text))
+    found, current = [], None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group(1)
+        elif current in bodies and _COLLECTIVE.search(line):
+            found.append(line.strip()[:200])
+    return found

@@ -20,11 +20,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
 from elmo_jax.config import ModelConfig, TrainHParams
-from elmo_jax.model.bilm import bilm_top, init_params
-from elmo_jax.model.lstm import LSTMState
+from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
+from elmo_jax.model.lstm import LSTMState, dropout_keep_masks
+from elmo_jax.model.token_encoder import encode_tokens
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
+from elmo_jax.train.parallel import AXIS, DataParallel, data_parallel
 
 Batch = dict  # chars (U, C), ids (2, B, T), targets (2, B, T) int32; mask (B, T) bool (see StreamBatcher)
 
@@ -99,27 +102,61 @@ def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainHParams, table_
     )
 
 
-def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, config: ModelConfig, hp: TrainHParams, unroll: int):
-    """params["softmax"] holds only the rows `used.rows` (K, P) and (K,)."""
-    top_2BTP, new_state = bilm_top(
-        params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, rng, hp.dropout, unroll
-    )
-    W, b = params["softmax"]["W"], params["softmax"]["b"]
-    mask_N = batch["mask"].reshape(-1)
-    n_tokens = jnp.maximum(mask_N.sum(), 1)
-    losses = []
+def _local_losses(lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, unroll):
+    """One device's rows b of the batch -> (2,) summed cross entropy of all devices / n_tokens,
+    and the rows' new state. Runs under shard_map: the recurrences and their weight gradients
+    stay on the device (a scan over a sharded batch under jit alone all-reduces the recurrent
+    weights' gradient at every time step), and the gradients are summed over devices once."""
+    # Marked device-varying here, once: left replicated, each use (inside the scan: at every
+    # time step) would be a cast whose transpose sums that use's gradient over devices.
+    lstm_params, table, tokens_UP = jax.tree.map(lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table, tokens_UP))
+    top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, unroll)
+    mask_n = mask_bT.reshape(-1)
+    sums = []
     for d in range(2):
         ce = sampled_softmax_ce(
-            top_2BTP[d].reshape(-1, top_2BTP.shape[-1]),
-            used.targets[d],
-            W,
-            b,
-            used.candidates[d],
-            used.log_q_candidates[d],
-            used.log_q_targets[d],
+            top_2bTP[d].reshape(-1, top_2bTP.shape[-1]),
+            used["targets"][d].reshape(-1),
+            table["W"],
+            table["b"],
+            used["candidates"][d],
+            used["log_q_candidates"][d],
+            used["log_q_targets"][d].reshape(-1),
             config.compute_dtype,
         )
-        losses.append(jnp.sum(jnp.where(mask_N, ce, 0.0)) / n_tokens)
+        sums.append(jnp.sum(jnp.where(mask_n, ce, 0.0)))
+    return jax.lax.psum(jnp.stack(sums), AXIS) / n_tokens, new_state
+
+
+def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, config: ModelConfig, hp: TrainHParams, unroll: int, mesh):
+    """params["softmax"] holds only the rows `used.rows` (K, P) and (K,). The token encoder
+    runs over the mesh as jit lays it out (distinct words split over devices); the LSTMs and the
+    loss run per device under shard_map."""
+    tokens_UP = encode_tokens(params["token_encoder"], batch["chars"], config)
+    mask_BT = batch["mask"]
+    n_tokens = jnp.maximum(mask_BT.sum(), 1)
+    B, T = mask_BT.shape
+    rows_2BT = PartitionSpec(None, AXIS)
+    local_used = {
+        "candidates": used.candidates,
+        "log_q_candidates": used.log_q_candidates,
+        "targets": used.targets.reshape(2, B, T),
+        "log_q_targets": used.log_q_targets.reshape(2, B, T),
+    }
+    used_specs = {"candidates": PartitionSpec(), "log_q_candidates": PartitionSpec(), "targets": rows_2BT, "log_q_targets": rows_2BT}
+    state_spec = LSTMState(PartitionSpec(None, None, AXIS), PartitionSpec(None, None, AXIS))
+    keep, keep_spec = None, None
+    if hp.dropout > 0.0:
+        # Drawn for the whole batch, so the masks do not depend on how it is split.
+        shape = (2, B, T, config.lstm.projection_dim)
+        keep, keep_spec = dropout_keep_masks(rng, hp.dropout, config.lstm.n_layers + 1, shape), PartitionSpec(None, None, AXIS)
+    local = jax.shard_map(
+        functools.partial(_local_losses, config=config, dropout=hp.dropout, unroll=unroll),
+        mesh=mesh,
+        in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(), rows_2BT, PartitionSpec(AXIS), state_spec, used_specs, PartitionSpec(), keep_spec),
+        out_specs=(PartitionSpec(), state_spec),
+    )
+    losses, new_state = local(params["lstm"], params["softmax"], tokens_UP, batch["ids"], mask_BT, lstm_state, local_used, n_tokens, keep)
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
 
 
@@ -135,7 +172,7 @@ def _sparse_adagrad(table: dict, accumulators: dict, table_rows: dict, grads: di
 
 
 def train_step(
-    state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, unroll: int = 1
+    state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, mesh, unroll: int = 1
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adagrad step; metrics: loss, loss_forward, loss_backward, grad_norm, tokens."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -145,7 +182,7 @@ def train_step(
     table_rows = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
     params = {**state.params, "softmax": table_rows}
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
-    (loss, (losses, lstm_state)), grads = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll)
+    (loss, (losses, lstm_state)), grads = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh)
     grad_norm = optax.tree.norm(grads)
     grads, _ = optax.clip_by_global_norm(hp.all_clip_norm_val).update(grads, optax.EmptyState())
     updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
@@ -169,13 +206,15 @@ def train_step(
     return new_state, metrics
 
 
-def make_train_step(config: ModelConfig, hp: TrainHParams, unroll: int = 1, shardings=None):
-    """The jitted train step; the incoming state's buffers are donated. `shardings`:
-    (state shardings, batch shardings) to lay the step out over a mesh (see parallel.py)."""
-    step = functools.partial(train_step, config=config, hp=hp, unroll=unroll)
-    if shardings is None:
+def make_train_step(config: ModelConfig, hp: TrainHParams, unroll: int = 1, parallel: DataParallel | None = None, state_shardings=None):
+    """The jitted train step over `parallel`'s mesh (default: one device, arrays left where
+    they are); the incoming state's buffers are donated. With `state_shardings` (see
+    DataParallel.state_shardings) the state and the batch are laid out on the mesh."""
+    mesh = (parallel or data_parallel(1)).mesh
+    step = functools.partial(train_step, config=config, hp=hp, mesh=mesh, unroll=unroll)
+    if state_shardings is None:
         return jax.jit(step, donate_argnums=0)
-    return jax.jit(step, in_shardings=shardings, out_shardings=(shardings[0], None), donate_argnums=0)
+    return jax.jit(step, in_shardings=(state_shardings, parallel.batch_shardings()), out_shardings=(state_shardings, None), donate_argnums=0)
 
 
 def eval_step(
@@ -183,7 +222,7 @@ def eval_step(
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Full-softmax evaluation over the first `vocab_size` table rows, no dropout: summed cross
     entropy per direction (2,), the number of positions, and the carried state."""
-    top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, unroll=unroll)
+    top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, unroll)
     W, b = params["softmax"]["W"], params["softmax"]["b"]
     mask_N = batch["mask"].reshape(-1)
     sums = jnp.stack(
