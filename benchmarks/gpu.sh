@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU run (about 3.5 minutes on one H200): train-step throughput of the published
-# sizes in float32 and the embedding forward, one process per measurement, each line of
+# One prepared GPU run (about 7 minutes on one H200): train-step throughput of the published
+# sizes in float32 and bfloat16 and the embedding forward, one process per measurement, each line of
 # results appended to $OUT/throughput.jsonl (or ./throughput.jsonl). Runs from the repository
 # root with the machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
 set -u
@@ -14,9 +14,11 @@ run() {
   timeout 150 python3 benchmarks/throughput.py "$@" --steps=15 2>&1 | tee /tmp/bench.log | tail -2
   tail -1 /tmp/bench.log | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "${OUT:-.}/failures.txt"
 }
-run --config=original --per-device-batch=128
-run --config=original --per-device-batch=256
-run --config=original --per-device-batch=512
-run --config=medium --per-device-batch=256
-run --config=small --per-device-batch=256
-run --config=original --per-device-batch=256 --mode=embed
+for dtype in bf16 f32; do
+  run --config=original --per-device-batch=128 --dtype=$dtype
+  run --config=original --per-device-batch=256 --dtype=$dtype
+  run --config=original --per-device-batch=512 --dtype=$dtype
+  run --config=medium --per-device-batch=256 --dtype=$dtype
+  run --config=small --per-device-batch=256 --dtype=$dtype
+  run --config=original --per-device-batch=256 --mode=embed --dtype=$dtype
+done

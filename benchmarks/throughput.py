@@ -1,6 +1,6 @@
 """Train-step (or embed-forward) throughput of a named config on one device.
 
-    python benchmarks/throughput.py --config=original --per-device-batch=128 [--mode=train|embed]
+    python benchmarks/throughput.py --config=original --per-device-batch=128 [--dtype=bf16|f32] [--mode=train|embed]
 
 Builds the real train step (sampled softmax, Adagrad, carried state) or the embedding forward
 (`bilm_layers`) for a published size or `cpu_peer`, feeds it batches from the real batcher over
@@ -14,6 +14,7 @@ A token is one corpus position, processed by both directions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -87,6 +88,9 @@ def synthetic_corpus(vocab_size: int, sentences: int, seed: int = 0):
     return Corpus(), Vocabulary(list(SPECIAL_TOKENS) + words)
 
 
+DTYPES = {"f32": "float32", "bf16": "bfloat16"}
+
+
 def matmul_peak(dtype, n: int = 8192, reps: int = 10) -> float:
     """Achieved FLOP/s of an n x n matmul on the default device."""
     a = jnp.ones((n, n), dtype)
@@ -103,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
     parser.add_argument("--per-device-batch", type=int, default=None)
-    parser.add_argument("--dtype", default="f32", choices=["f32"], help="bf16 arrives with mixed precision")
+    parser.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="compute dtype of the matmuls")
     parser.add_argument("--mode", default="train", choices=["train", "embed"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -112,7 +116,7 @@ def main() -> None:
 
     options, vocab_size, negatives, default_batch = CONFIGS[args.config]
     B, T = args.per_device_batch or default_batch, args.unroll_steps
-    config = ModelConfig.from_options(options)
+    config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype])
     device = jax.devices()[0]
     corpus, vocab = synthetic_corpus(vocab_size, max(4 * B, 2000))
     batches = StreamBatcher(corpus, vocab, B, T, seed=0)
@@ -158,7 +162,7 @@ def main() -> None:
     flops = flops_per_token(config, negatives, args.mode)
     achieved = flops * tokens_per_sec
     stats = device.memory_stats() or {}  # before the peak matmul, whose autotuning allocates too
-    peak = matmul_peak(jnp.float32)
+    peak = matmul_peak(DTYPES[args.dtype])
     result = {
         "config": args.config,
         "mode": args.mode,
