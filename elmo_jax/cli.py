@@ -1,6 +1,6 @@
 """The command line behind launch.py: `python launch.py COMMAND --flag=value ...`.
 
-Commands: train (from an experiment config), eval (a workdir's latest checkpoint), import
+Commands: vocab (count a source into a vocabulary file), train (from an experiment config), eval (a workdir's latest checkpoint), import
 (bilm-tf options + weights -> params checkpoint), export (-> bilm-tf options + weights), embed
 (a text file -> ELMo layers in HDF5).
 """
@@ -20,12 +20,13 @@ from ml_collections import config_flags
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/NAME.py); override fields with --config.a.b=value.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
-flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB); default: the run's config.data.heldout.")
+flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB); default: the run's config.data.heldout. vocab: the source to count.")
+flags.DEFINE_integer("min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines).")
 flags.DEFINE_integer("max_sentences", 0, "eval: evaluate only the first N sentences (0 = all).")
 flags.DEFINE_integer("batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).")
 flags.DEFINE_string("options", None, "import, embed: bilm-tf options.json.")
 flags.DEFINE_string("weights", None, "import, embed: bilm-tf weights.hdf5.")
-flags.DEFINE_string("out", None, "import, export: output folder.")
+flags.DEFINE_string("out", None, "import, export: output folder; vocab: output file.")
 flags.DEFINE_string("input", None, "embed: text file, one whitespace-tokenized sentence a line.")
 flags.DEFINE_string("output", None, "embed: output HDF5 file.")
 flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "embed: which layers to write.")
@@ -131,7 +132,23 @@ def cmd_embed() -> None:
     log.info("embedded %d lines of %s into %s (layers: %s)", n, FLAGS.input, FLAGS.output, FLAGS.layers)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "import": cmd_import, "export": cmd_export, "embed": cmd_embed}
+def cmd_vocab() -> None:
+    from elmo_jax.text.sources import stream_sentences
+    from elmo_jax.text.vocab import build_vocabulary
+
+    _require("data", "out")
+    vocab, stats = build_vocabulary(stream_sentences(FLAGS.data), FLAGS["min-count"].value)
+    vocab.save(FLAGS.out)
+    log.info(
+        "%s: %s sentences, %s tokens, %s types; %s words seen >= %d times (+ <S>, </S>, <UNK>) written to %s; "
+        "out-of-vocabulary tokens %.3f%%",
+        FLAGS.data, f"{stats['sentences']:,}", f"{stats['tokens']:,}", f"{stats['types']:,}",
+        f"{stats['vocabulary'] - 3:,}", stats["min_count"], FLAGS.out, 100 * stats["oov_rate"],
+    )
+    print(json.dumps(stats))
+
+
+COMMANDS = {"vocab": cmd_vocab, "train": cmd_train, "eval": cmd_eval, "import": cmd_import, "export": cmd_export, "embed": cmd_embed}
 
 
 def main(argv: list[str]) -> None:

@@ -40,6 +40,7 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.train.eval_batch_size = 64  # rows in all, split over the devices
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
+    config.train.init_from = ""  # fine-tuning: a workdir or model folder whose weights (and architecture) start the run
 
     config.data = ml_collections.ConfigDict()
     config.data.train = "demo"

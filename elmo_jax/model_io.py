@@ -31,7 +31,8 @@ class Model:
 
 
 def load_model(path: str | Path | None = None, options: str | Path | None = None, weights: str | Path | None = None) -> Model:
-    """From a training workdir or an imported folder (`path`), or from options.json + HDF5."""
+    """From a training workdir, an imported folder or an exported one (`path`), or from
+    options.json + HDF5."""
     if path is None:
         if options is None or weights is None:
             raise ValueError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
@@ -40,16 +41,33 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
     path = Path(path)
     if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
         return _load_workdir(path)
+    vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
     if (path / "options.json").is_file() and (path / "params").is_dir():
         config = ModelConfig.load(path / "options.json")
-        abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, _softmax_rows(path)))
+        rows = _softmax_rows(path)
+        if vocab is not None and rows is not None and rows != len(vocab):
+            raise ValueError(f"{path}: vocab.txt has {len(vocab)} words but the params' softmax has {rows} rows")
+        abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, rows))
         params = ocp.StandardCheckpointer().restore((path / "params").absolute(), abstract)
-        vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
         return Model(config, params, vocab)
+    if (path / "options.json").is_file() and (path / "weights.hdf5").is_file():
+        model = load_model(options=path / "options.json", weights=path / "weights.hdf5")
+        return dataclasses.replace(model, vocab=vocab)
     raise FileNotFoundError(
-        f"{path} is neither a training workdir (config.json + checkpoints/) nor an imported model "
-        f"(options.json + params/)"
+        f"{path} is neither a training workdir (config.json + checkpoints/), an imported model "
+        f"(options.json + params/) nor an exported one (options.json + weights.hdf5)"
     )
+
+
+def model_options(path: str | Path) -> dict:
+    """The options.json model dict of a workdir, an imported or an exported folder (read
+    without loading weights)."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return json.loads((path / "config.json").read_text())["model"]
+    if (path / "options.json").is_file():
+        return ModelConfig.load(path / "options.json").to_options()
+    raise FileNotFoundError(f"{path}: neither a training workdir (config.json) nor a model folder (options.json)")
 
 
 def _softmax_rows(path: Path) -> int | None:

@@ -1,5 +1,6 @@
 """The training run end to end at tiny size: resume, preemption, kill, bad input, eval."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -202,3 +204,45 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path, text_data):
     assert proc.returncode == 0, out
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert "SIGTERM" in out and saved == max(losses(workdir))  # the step it stopped at, saved
+
+
+def test_fine_tuning_starts_from_the_model_and_keeps_known_words(tmp_path, text_data):
+    from elmo_jax.model.bilm import init_params
+    from elmo_jax.model_io import load_model
+    from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary
+    from elmo_jax.train.warm_start import warm_start
+
+    train(tiny_config(text_data, max_steps=3), tmp_path / "base")
+    base = load_model(tmp_path / "base")
+    vocab = Vocabulary([*SPECIAL_TOKENS, "zyzzyva", "bank", "river", "qwerty"])
+    fresh = jax.tree.map(np.asarray, init_params(jax.random.key(7), base.config, len(vocab)))
+    params, rows = warm_start(fresh, vocab, base, base.config)
+    assert rows == {"kept": 5, "new": 2}  # <S>, </S>, <UNK>, bank, river
+    for i, word in enumerate(vocab.words):
+        want = base.params["softmax"]["W"][base.vocab.id(word)] if word in base.vocab else fresh["softmax"]["W"][i]
+        np.testing.assert_array_equal(params["softmax"]["W"][i], want)
+    for a, b in zip(jax.tree.leaves(params["lstm"]), jax.tree.leaves(base.params["lstm"])):
+        np.testing.assert_array_equal(a, b)
+
+    # A run from it, on other text (the held-out file) with another config's model section:
+    # the architecture is the base model's.
+    config = tiny_config(text_data, max_steps=2, init_from=str(tmp_path / "base"))
+    with config.unlocked():
+        config.model.lstm.dim = 48
+        config.data.train, config.data.heldout = config.data.heldout, ""
+    train(config, tmp_path / "tuned")
+    saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert saved["model"]["lstm"]["dim"] == 32 and saved["train"]["init_from"] == str(tmp_path / "base")
+    with pytest.raises(ValueError, match="another architecture.*lstm.dim: 48 != 32"):
+        warm_start(fresh, vocab, base, dataclasses.replace(base.config, lstm=dataclasses.replace(base.config.lstm, dim=48)))
+
+
+def test_a_vocabulary_that_does_not_fit_the_checkpoint_fails_naming_both_sizes(tmp_path, text_data):
+    from elmo_jax.model_io import load_model
+
+    train(tiny_config(text_data, max_steps=2), tmp_path)
+    vocab_path = tmp_path / "vocab.txt"
+    words = vocab_path.read_text().splitlines()
+    vocab_path.write_text("\n".join(words[:-5]) + "\n")
+    with pytest.raises(ValueError, match=rf"has {len(words) - 5} words .* softmax of {len(words)} rows"):
+        load_model(tmp_path)

@@ -1,4 +1,8 @@
 import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +57,20 @@ def test_from_counts_orders_by_count_then_word(tmp_path):
 
 def test_counts_are_a_counter():
     assert isinstance(count_words([]), collections.Counter)
+
+
+def test_vocab_command_counts_a_stream_in_bilm_tf_order(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    # Counts: the 5, a 4 (tie with b), b 4, c 2, d 1; sentences in two files.
+    (tmp_path / "part-1.txt").write_text("the a b\nthe a b c\n\n")
+    (tmp_path / "part-2.txt").write_text("the a b\nthe a b c d\nthe\n")
+    result = subprocess.run(
+        [sys.executable, str(root / "launch.py"), "vocab", f"--data=text:{tmp_path}/part-*.txt", "--min-count=2",
+         f"--out={tmp_path / 'vocab.txt'}"],
+        capture_output=True, text=True, cwd=root,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "vocab.txt").read_text().split("\n") == ["<S>", "</S>", "<UNK>", "the", "a", "b", "c", ""]
+    stats = json.loads(result.stdout.strip().splitlines()[-1])
+    assert stats == {"sentences": 5, "tokens": 16, "types": 5, "vocabulary": 7, "min_count": 2, "oov_tokens": 1, "oov_rate": 1 / 16}
+    assert "out-of-vocabulary tokens 6.250%" in result.stdout

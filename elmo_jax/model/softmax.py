@@ -77,10 +77,29 @@ def full_softmax_ce(
     b_V: jax.Array,
     vocab_size: int | None = None,
     dtype: str = "float32",
+    chunk_rows: int = 32768,
 ) -> jax.Array:
     """Per-position cross entropy (N,) over the first `vocab_size` rows of the table (default
-    all; the rest pad a table sharded by rows)."""
-    logits = matmul(h_NP, W_VP.T, dtype) + b_V
-    if vocab_size is not None and vocab_size < W_VP.shape[0]:
-        logits = jnp.where(jnp.arange(W_VP.shape[0]) < vocab_size, logits, -jnp.inf)
-    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets_N[:, None], axis=-1)[:, 0]
+    all; the rest pad a table sharded by rows). The log-sum-exp runs over chunks of
+    `chunk_rows` table rows, so memory is N x chunk_rows, not N x V (LM1B: 793k words)."""
+    V = W_VP.shape[0]
+    n_valid = V if vocab_size is None else vocab_size
+    chunk = min(chunk_rows, V)
+    true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N]
+
+    def add_chunk(carry, i):
+        running_max, running_sum = carry
+        # The last chunk is shifted back to fit; rows an earlier chunk covered are masked.
+        start = jnp.minimum(i * chunk, V - chunk)
+        rows = start + jnp.arange(chunk)
+        logits = matmul(h_NP, jax.lax.dynamic_slice_in_dim(W_VP, start, chunk).T, dtype)
+        logits = logits + jax.lax.dynamic_slice_in_dim(b_V, start, chunk)
+        logits = jnp.where((rows >= i * chunk) & (rows < n_valid), logits, -jnp.inf)
+        new_max = jnp.maximum(running_max, logits.max(axis=-1))
+        new_sum = running_sum * jnp.exp(running_max - new_max) + jnp.exp(logits - new_max[:, None]).sum(axis=-1)
+        return (new_max, new_sum), None
+
+    N = h_NP.shape[0]
+    init = (jnp.full((N,), -jnp.inf), jnp.zeros((N,)))
+    (running_max, running_sum), _ = jax.lax.scan(add_chunk, init, jnp.arange(-(-V // chunk)))
+    return running_max + jnp.log(running_sum) - true_logit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -56,14 +57,40 @@ class TextCorpus:
         return self.sentences[i]
 
 
+def _text_paths(source: str) -> list[Path]:
+    pattern = source[len("text:") :]
+    paths = sorted(Path(p) for p in glob.glob(pattern))
+    if not paths:
+        raise FileNotFoundError(f"{source}: no file matches {pattern}")
+    return paths
+
+
+def stream_sentences(source: str, split: str = "train") -> Iterator[list[str]]:
+    """The non-empty sentences of a source one at a time, in order, without holding the corpus
+    in memory; logs progress (share of the bytes read, ETA) after each file."""
+    if source == "demo":
+        corpus = DemoCorpus(split)
+        yield from (corpus[i] for i in range(len(corpus)))
+        return
+    if not source.startswith("text:"):
+        raise ValueError(f"unknown data source {source!r}; expected 'demo' or 'text:GLOB'")
+    paths = _text_paths(source)
+    total, done, start = sum(p.stat().st_size for p in paths), 0, time.monotonic()
+    for path in paths:
+        for _, line in read_lines(path):
+            words = line.split()
+            if words:
+                yield words
+        done += path.stat().st_size
+        elapsed = time.monotonic() - start
+        eta = elapsed * (total - done) / max(done, 1)
+        log.info("%s: read %d of %d file(s), %.1f%% of %.1f MB, ETA %.0fs", source, paths.index(path) + 1, len(paths), 100 * done / max(total, 1), total / 1e6, eta)
+
+
 def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
     """`demo` -> the demo corpus's `split` ("train" or "heldout"); `text:GLOB` -> TextCorpus."""
     if source == "demo":
         return DemoCorpus(split, seed=seed)
     if source.startswith("text:"):
-        pattern = source[len("text:") :]
-        paths = sorted(Path(p) for p in glob.glob(pattern))
-        if not paths:
-            raise FileNotFoundError(f"{source}: no file matches {pattern}")
-        return TextCorpus(paths, name=source)
+        return TextCorpus(_text_paths(source), name=source)
     raise ValueError(f"unknown data source {source!r}; expected 'demo' or 'text:GLOB'")

@@ -80,3 +80,24 @@ def count_words(sentences: Iterable[list[str]]) -> collections.Counter:
         n += 1
     counts[EOS_TOKEN] += n
     return counts
+
+
+def build_vocabulary(sentences: Iterable[list[str]], min_count: int = 1) -> tuple[Vocabulary, dict[str, float]]:
+    """Counts a stream of sentences -> the vocabulary (words seen at least `min_count` times)
+    and statistics: sentences, tokens (words, without `</S>`), types, vocabulary size, and the
+    out-of-vocabulary tokens and rate."""
+    counts = count_words(sentences)
+    sentences_n = counts[EOS_TOKEN]
+    vocab = Vocabulary.from_counts(counts, min_count)
+    tokens = sum(counts.values()) - sentences_n
+    oov = sum(c for w, c in counts.items() if w not in vocab and w != EOS_TOKEN)
+    stats = {
+        "sentences": sentences_n,
+        "tokens": tokens,
+        "types": len(counts) - 1,
+        "vocabulary": len(vocab),
+        "min_count": min_count,
+        "oov_tokens": oov,
+        "oov_rate": oov / max(tokens, 1),
+    }
+    return vocab, stats

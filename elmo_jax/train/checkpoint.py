@@ -27,10 +27,21 @@ class Checkpoints:
         self.directory = Path(directory).absolute()
         self.every = max(every, 1)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "rows", "data"))
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "rows": ocp.StandardCheckpointHandler(),
+            "data": ocp.JsonCheckpointHandler(),
+        }
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def softmax_rows(self, step: int | None = None) -> int:
+        """Rows of the softmax table in the checkpoint at `step` (default latest), read from
+        its metadata."""
+        step = self.latest_step() if step is None else step
+        return self.manager.item_metadata(step)["state"]["params"]["softmax"]["W"].shape[0]
 
     def is_due(self, step: int) -> bool:
         """Every `every` steps (Orbax's own policy also saves at every step until a first

@@ -12,7 +12,7 @@ from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
-from elmo_jax.train.loop import abstract_train_state, eval_summary
+from elmo_jax.train.loop import abstract_train_state, check_vocab, eval_summary
 from elmo_jax.train.step import TrainState
 
 
@@ -31,6 +31,7 @@ def restore_latest(workdir: Path) -> tuple[ml_collections.ConfigDict, Vocabulary
     step = checkpoints.latest_step()
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
+    check_vocab(checkpoints, config, vocab, workdir / "vocab.txt")
     state = checkpoints.restore_state(abstract_train_state(config, len(vocab)))
     checkpoints.close()
     return config, vocab, state, step

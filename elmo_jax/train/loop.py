@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.experiment import model_config, train_hparams
+from elmo_jax.model_io import load_model, model_options
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
 from elmo_jax.text.demo_corpus import grammar
 from elmo_jax.text.sources import open_corpus
@@ -28,6 +29,7 @@ from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
 from elmo_jax.train.parallel import DataParallel, data_parallel, round_up
 from elmo_jax.train.prefetch import Prefetcher
 from elmo_jax.train.step import TrainState, init_train_state, make_train_step
+from elmo_jax.train.warm_start import warm_start
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +120,23 @@ def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, par
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def resolve_devices(config: ml_collections.ConfigDict, parallel: DataParallel) -> ml_collections.ConfigDict:
-    """A copy of the config with train.devices set to the number of devices in use."""
+def check_vocab(checkpoints: Checkpoints, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path) -> None:
+    """Fails, naming both sizes, when the vocabulary does not fit the checkpoint's softmax."""
+    rows, expected = checkpoints.softmax_rows(), softmax_rows(config, len(vocab))
+    if rows != expected:
+        raise ValueError(
+            f"{path} has {len(vocab)} words (a softmax of {expected} rows) but the checkpoint in "
+            f"{checkpoints.directory} has a softmax of {rows} rows: not the vocabulary it was trained with"
+        )
+
+
+def resolve_config(config: ml_collections.ConfigDict, parallel: DataParallel) -> ml_collections.ConfigDict:
+    """A copy of the config with train.devices set to the number of devices in use and, when
+    fine-tuning, the model architecture of train.init_from."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.train.devices = parallel.size
+    if config.train.init_from:
+        config.model = ml_collections.ConfigDict(model_options(config.train.init_from))
     config.lock()
     return config
 
@@ -163,7 +178,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     parallel = data_parallel(config.train.devices)
-    config = resolve_devices(config, parallel)
+    config = resolve_config(config, parallel)
     t = config.train
     parallel.check_rows(t.eval_batch_size, "config.train.eval_batch_size")
     check_workdir(workdir, config)
@@ -199,7 +214,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
         init = functools.partial(init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_rows(config, len(vocab)))
         state = jax.jit(init, out_shardings=shardings)()
         start = 0
+        if t.init_from:
+            params, rows = warm_start(jax.device_get(state.params), vocab, load_model(t.init_from), model)
+            state = state.replace(params=jax.device_put(params, shardings.params))
+            log.info(
+                "fine-tuning from %s: its token encoder and LSTMs; softmax rows of %d known words kept, %d new",
+                t.init_from, rows["kept"], rows["new"],
+            )
     else:
+        check_vocab(checkpoints, config, vocab, workdir / "vocab.txt")
         state, data_state = checkpoints.restore(abstract, parallel, batch_size)
         batcher.restore(data_state)
         log.info("resumed from the checkpoint at step %d", start)
