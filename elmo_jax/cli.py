@@ -20,7 +20,7 @@ from ml_collections import config_flags
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/NAME.py); override fields with --config.a.b=value.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
-flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB); default: the run's config.data.heldout. vocab: the source to count.")
+flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. vocab: the source to count.")
 flags.DEFINE_integer("min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines).")
 flags.DEFINE_integer("max_sentences", 0, "eval: evaluate only the first N sentences (0 = all).")
 flags.DEFINE_integer("batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).")

@@ -2,7 +2,7 @@
 
   model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
   train  the recipe (ELMO_SPEC.md section 5) and the loop's cadence
-  data   source strings (`demo`, `text:GLOB`) and the vocabulary file
+  data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`) and the vocabulary file
 """
 
 from __future__ import annotations
@@ -51,16 +51,17 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     return config
 
 
-LM1B = "data/1-billion-word-language-modeling-benchmark-r13output"
+LM1B = "lm1b:data/1-billion-word-language-modeling-benchmark-r13output"
 
 
 def published_config(size: str) -> ml_collections.ConfigDict:
-    """A published size (small, medium, original) with bilm-tf's recipe on LM1B text files
-    (ELMO_SPEC.md sections 5 and 6). Point the data fields at your copy with --config.data.*."""
+    """A published size (small, medium, original) with bilm-tf's recipe on LM1B (ELMO_SPEC.md
+    sections 5 and 6): its training files, and its standard test file for held-out evaluation.
+    Point the data fields at your copy (folder or .tar.gz) with --config.data.*."""
     config = base_config(PUBLISHED_OPTIONS[size])
     with config.unlocked():
-        config.data.train = f"text:{LM1B}/training-monolingual.tokenized.shuffled/news.en-000*-of-00100"
-        config.data.heldout = f"text:{LM1B}/heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050"
+        config.data.train = LM1B
+        config.data.heldout = LM1B
         config.data.min_count = 3  # LM1B words seen >= 3 times: bilm-tf's 793,471-line vocabulary
     return config
 

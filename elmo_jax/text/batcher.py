@@ -1,8 +1,10 @@
 """The stream batcher: B rows of packed sentences cut into windows of T (ELMO_SPEC.md section 5).
 
-Row r reads the sentences perm_e[r], perm_e[r + B], perm_e[r + 2B], ... of epoch e (perm_e a
-permutation drawn from (seed, e), or the identity without shuffling), then goes on to epoch
-e + 1: an endless stream `<S> w1 ... wn </S> <S> ...`. As in bilm-tf, a sentence of n words
+The rows form G groups of B / G consecutive rows (one group per device in training). In epoch
+e, group g reads its own sentence stream S_eg (see `epoch_view`: the groups' streams are
+disjoint, and shuffled from (seed, e) unless `shuffle` is off); row i of the group reads
+S_eg[i], S_eg[i + B/G], S_eg[i + 2B/G], ..., then goes on to epoch e + 1: an endless stream
+`<S> w1 ... wn </S> <S> ...`. As in bilm-tf, a sentence of n words
 gives n + 1 positions: forward inputs `<S> w1 ... wn`, targets `w1 ... wn </S>`; the backward LM
 reads the same sentence reversed, inputs `</S> wn ... w1`, targets `wn ... w1 <S>`. Both streams
 hold the same sentences at the same positions, so the carried LSTM state of each row continues
@@ -21,13 +23,33 @@ from elmo_jax.text.vocab import Vocabulary
 
 
 class Corpus(Protocol):
-    """Random access to tokenized sentences."""
+    """Tokenized sentences: random access (in memory), or a `view(epoch, group, groups, seed,
+    shuffle)` of each group's epoch stream and `positions()` (see shards.ShardedCorpus)."""
 
     name: str
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, i: int) -> list[str]: ...
+
+class _Indexed:
+    def __init__(self, corpus: Corpus, indices: np.ndarray):
+        self.corpus, self.indices = corpus, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> list[str]:
+        return self.corpus[int(self.indices[i])]
+
+
+def epoch_view(corpus: Corpus, epoch: int, group: int, groups: int, seed: int, shuffle: bool):
+    """The sentences group `group` of `groups` reads in `epoch`: a random-access corpus is
+    permuted from (seed, epoch) (or kept in order) and dealt to the groups in turn."""
+    if hasattr(corpus, "view"):
+        return corpus.view(epoch, group, groups, seed, shuffle)
+    n = len(corpus)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    return _Indexed(corpus, order[group::groups])
 
 
 def bucket_size(n: int) -> int:
@@ -52,7 +74,7 @@ class StreamBatcher:
       mask    (B, T) bool   positions that hold a token
 
     Axis 0 of ids and targets is the direction: 0 forward, 1 backward. `rows` selects the
-    global rows this process produces (all `batch_size` by default). With `single_pass` every row
+    global rows this process produces (all `batch_size` by default); `groups` divides them. With `single_pass` every row
     stops after one epoch and pads with mask 0; iteration ends when every row is done.
     """
 
@@ -68,18 +90,22 @@ class StreamBatcher:
         rows: Sequence[int] | None = None,
         chars: CharTable | None = None,
         table_size: Callable[[int, int], int] | None = None,
+        groups: int = 1,
     ):
         if len(corpus) == 0:
             raise ValueError(f"{corpus.name}: the corpus holds no sentences")
         if len(corpus) < batch_size and not single_pass:
             raise ValueError(f"{corpus.name}: {len(corpus)} sentences cannot fill {batch_size} rows")
+        if batch_size % groups:
+            raise ValueError(f"batch_size={batch_size} rows cannot form {groups} equal groups")
+        self.groups, self.group_rows = groups, batch_size // groups
         self.corpus, self.vocab = corpus, vocab
         self.batch_size, self.unroll_steps = batch_size, unroll_steps
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
         self.rows = list(range(batch_size) if rows is None else rows)
         self.chars = chars or CharTable()
         self.table_size = table_size or (lambda n, bound: bucket_size(n))
-        self._perms: dict[int, np.ndarray] = {}
+        self._views: dict[tuple[int, int], object] = {}
         # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
         self._pos = [[0, 0, 0] for _ in self.rows]
         self._current: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.rows)
@@ -100,20 +126,14 @@ class StreamBatcher:
         self._current = [None] * len(self.rows)
 
     # -- sentences -----------------------------------------------------------------------
-    def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            n = len(self.corpus)
-            if self.shuffle:
-                perm = np.random.default_rng([self.seed, epoch]).permutation(n)
-            else:
-                perm = np.arange(n)
-            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-            self._perms[epoch] = perm
-        return self._perms[epoch]
+    def _view(self, epoch: int, group: int):
+        if (epoch, group) not in self._views:
+            self._views = {key: v for key, v in self._views.items() if key[0] >= epoch - 1}
+            self._views[epoch, group] = epoch_view(self.corpus, epoch, group, self.groups, self.seed, self.shuffle)
+        return self._views[epoch, group]
 
-    def _sentence(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Sentence index i -> (word ids (n + 2,), char-table rows (n + 2,)); None if empty."""
-        words = self.corpus[i]
+    def _sentence(self, words: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Words -> (word ids (n + 2,), char-table rows (n + 2,)); None if empty."""
         if not words:
             return None
         tokens = [BOS_TOKEN, *words, EOS_TOKEN]
@@ -121,16 +141,17 @@ class StreamBatcher:
 
     def _advance(self, j: int) -> bool:
         """Loads local row j's next non-empty sentence; False when a single pass is over."""
-        row, n = self.rows[j], len(self.corpus)
+        group, i = divmod(self.rows[j], self.group_rows)
         while True:
             epoch, k, _ = self._pos[j]
-            index = row + k * self.batch_size
-            if index >= n:
+            view = self._view(epoch, group)
+            index = i + k * self.group_rows
+            if index >= len(view):
                 if self.single_pass:
                     return False
                 self._pos[j] = [epoch + 1, 0, 0]
                 continue
-            sentence = self._sentence(int(self._perm(epoch)[index]))
+            sentence = self._sentence(view[index])
             if sentence is not None:
                 self._current[j] = sentence
                 return True
@@ -192,14 +213,19 @@ class StreamBatcher:
     def single_pass_batches(self) -> int:
         """Batches one pass over the corpus takes: the global row with the most positions
         decides (every process can compute it, whichever rows it reads)."""
-        per_row = np.zeros(self.batch_size, np.int64)
-        for k, i in enumerate(self._perm(0)):
-            n = len(self.corpus[int(i)])
-            per_row[k % self.batch_size] += n + 1 if n else 0
-        return int(-(-per_row.max() // self.unroll_steps))
+        most = 0
+        for group in range(self.groups):
+            view, per_row = self._view(0, group), np.zeros(self.group_rows, np.int64)
+            for k in range(len(view)):
+                n = len(view[k])
+                per_row[k % self.group_rows] += n + 1 if n else 0
+            most = max(most, int(per_row.max()))
+        return -(-most // self.unroll_steps)
 
     def positions_per_epoch(self) -> int:
         """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""
+        if hasattr(self.corpus, "positions"):
+            return self.corpus.positions()
         return sum(len(s) + 1 for s in (self.corpus[i] for i in range(len(self.corpus))) if s)
 
     def steps_per_epoch(self) -> int:

@@ -1,18 +1,30 @@
-"""Corpus sources named by strings: `demo` (the built-in corpus) and `text:GLOB` (one
-whitespace-tokenized sentence a line, LM1B's format)."""
+"""Corpus sources named by strings:
+
+  demo        the built-in corpus (generated, random access)
+  text:GLOB   text files, one whitespace-tokenized sentence a line (LM1B's format), each file a
+              shard
+  lm1b:PATH   the LM1B folder, or its .tar.gz read as a stream: the training files, or as the
+              held-out split the standard test file news.en.heldout-00000-of-00050
+
+Text is read shard by shard (see shards.py); bytes that are not valid UTF-8 become U+FFFD, and a
+warning counts such lines per shard.
+"""
 
 from __future__ import annotations
 
 import glob
+import itertools
 import logging
-import time
 from pathlib import Path
 from typing import Iterator
 
 from elmo_jax.text.batcher import Corpus
 from elmo_jax.text.demo_corpus import DemoCorpus
+from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards
 
 log = logging.getLogger(__name__)
+
+SOURCES = "'demo', 'text:GLOB' or 'lm1b:PATH'"
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -33,64 +45,41 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
         log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (lines %s)", path, len(bad), shown)
 
 
-class TextCorpus:
-    """Sentences from text files, read once into memory; empty lines are skipped.
+class Sentences(list):
+    """An in-memory list of tokenized sentences with a name."""
 
-    Bytes that are not valid UTF-8 become U+FFFD; a warning counts such lines per file.
-    """
-
-    def __init__(self, paths: list[Path], name: str):
+    def __init__(self, sentences, name: str):
+        super().__init__(sentences)
         self.name = name
-        self.sentences: list[list[str]] = []
-        for path in paths:
-            for _, line in read_lines(path):
-                words = line.split()
-                if words:
-                    self.sentences.append(words)
-        if not self.sentences:
-            raise ValueError(f"{name}: no sentences in {', '.join(map(str, paths))} (the files are empty)")
-
-    def __len__(self) -> int:
-        return len(self.sentences)
-
-    def __getitem__(self, i: int) -> list[str]:
-        return self.sentences[i]
 
 
-def _text_paths(source: str) -> list[Path]:
-    pattern = source[len("text:") :]
-    paths = sorted(Path(p) for p in glob.glob(pattern))
-    if not paths:
-        raise FileNotFoundError(f"{source}: no file matches {pattern}")
-    return paths
+def all_sentences(corpus: Corpus) -> Iterator[list[str]]:
+    """Every sentence of a corpus once, streamed where it is sharded."""
+    if hasattr(corpus, "stream"):
+        return corpus.stream()
+    return (corpus[i] for i in range(len(corpus)))
 
 
-def stream_sentences(source: str, split: str = "train") -> Iterator[list[str]]:
-    """The non-empty sentences of a source one at a time, in order, without holding the corpus
-    in memory; logs progress (share of the bytes read, ETA) after each file."""
-    if source == "demo":
-        corpus = DemoCorpus(split)
-        yield from (corpus[i] for i in range(len(corpus)))
-        return
-    if not source.startswith("text:"):
-        raise ValueError(f"unknown data source {source!r}; expected 'demo' or 'text:GLOB'")
-    paths = _text_paths(source)
-    total, done, start = sum(p.stat().st_size for p in paths), 0, time.monotonic()
-    for path in paths:
-        for _, line in read_lines(path):
-            words = line.split()
-            if words:
-                yield words
-        done += path.stat().st_size
-        elapsed = time.monotonic() - start
-        eta = elapsed * (total - done) / max(done, 1)
-        log.info("%s: read %d of %d file(s), %.1f%% of %.1f MB, ETA %.0fs", source, paths.index(path) + 1, len(paths), 100 * done / max(total, 1), total / 1e6, eta)
+def first_sentences(corpus: Corpus, n: int) -> Sentences:
+    """The first n sentences of a corpus, in memory."""
+    return Sentences(itertools.islice(all_sentences(corpus), n), corpus.name)
 
 
 def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
-    """`demo` -> the demo corpus's `split` ("train" or "heldout"); `text:GLOB` -> TextCorpus."""
+    """A source string -> its corpus for `split` ("train" or "heldout"; text: ignores it)."""
     if source == "demo":
         return DemoCorpus(split, seed=seed)
     if source.startswith("text:"):
-        return TextCorpus(_text_paths(source), name=source)
-    raise ValueError(f"unknown data source {source!r}; expected 'demo' or 'text:GLOB'")
+        pattern = source[len("text:") :]
+        paths = sorted(Path(p) for p in glob.glob(pattern))
+        if not paths:
+            raise FileNotFoundError(f"{source}: no file matches {pattern}")
+        return ShardedCorpus(source, [Shard(p) for p in paths])
+    if source.startswith("lm1b:"):
+        return ShardedCorpus(f"{source} ({split})", lm1b_shards(Path(source[len("lm1b:") :]), split))
+    raise ValueError(f"unknown data source {source!r}; expected {SOURCES}")
+
+
+def stream_sentences(source: str, split: str = "train") -> Iterator[list[str]]:
+    """The sentences of a source one at a time, without holding the corpus in memory."""
+    return all_sentences(open_corpus(source, split))

@@ -18,22 +18,10 @@ import numpy as np
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.text.batcher import Corpus, StreamBatcher
+from elmo_jax.text.sources import first_sentences
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.step import eval_step
-
-
-class _Prefix:
-    """The first n sentences of a corpus."""
-
-    def __init__(self, corpus: Corpus, n: int):
-        self.corpus, self.n, self.name = corpus, min(n, len(corpus)), corpus.name
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> list[str]:
-        return self.corpus[i]
 
 
 @functools.cache
@@ -61,7 +49,7 @@ def evaluate(
     parallel = parallel or data_parallel()
     parallel.check_rows(batch_size, "eval batch_size")
     if max_sentences is not None:
-        corpus = _Prefix(corpus, max_sentences)
+        corpus = first_sentences(corpus, max_sentences)
     batcher = StreamBatcher(
         corpus, vocab, batch_size, unroll_steps, shuffle=False, single_pass=True,
         rows=parallel.local_rows(batch_size), table_size=parallel.table_size,

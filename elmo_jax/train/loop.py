@@ -21,7 +21,7 @@ from elmo_jax.experiment import model_config, train_hparams
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
 from elmo_jax.text.demo_corpus import grammar
-from elmo_jax.text.sources import open_corpus
+from elmo_jax.text.sources import all_sentences, open_corpus
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
@@ -86,7 +86,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> V
             shutil.copyfile(config.data.vocab, path)
         return vocab
     log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
-    vocab = Vocabulary.from_counts(count_words(corpus[i] for i in range(len(corpus))), config.data.min_count)
+    vocab = Vocabulary.from_counts(count_words(all_sentences(corpus)), config.data.min_count)
     if jax.process_index() == 0:
         vocab.save(path)
     return vocab
@@ -184,6 +184,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     check_workdir(workdir, config)
     model = model_config(config)
     train_corpus = open_corpus(config.data.train, "train")
+    if len(train_corpus) == 0:
+        raise ValueError(f"{train_corpus.name}: no sentences (the files are empty)")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab = prepare_vocab(config, workdir, train_corpus)
     hp = train_hparams(config, len(vocab))
@@ -193,7 +195,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     batch_size = t.per_device_batch_size * parallel.size
     batcher = StreamBatcher(
         train_corpus, vocab, batch_size, t.unroll_steps, seed=t.seed,
-        rows=parallel.local_rows(batch_size), table_size=parallel.table_size,
+        rows=parallel.local_rows(batch_size), table_size=parallel.table_size, groups=parallel.size,
     )
     steps_per_epoch = batcher.steps_per_epoch()
     total_steps = math.ceil(t.n_epochs * steps_per_epoch)

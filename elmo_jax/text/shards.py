@@ -1,0 +1,191 @@
+"""Corpora stored as shards (text files, or the members of a .tar.gz read as a stream), read one
+piece at a time so memory does not grow with the corpus.
+
+An epoch's sentence order (see StreamBatcher): every shard is cut into m pieces (m = the
+smallest number giving at least one piece per group of rows; a piece is every m-th non-empty
+line of its shard), the pieces are shuffled from (seed, epoch) and dealt to the groups in
+turn, and each piece's lines are shuffled from (seed, epoch, piece). A group's rows read the
+concatenation of its pieces, so groups read disjoint pieces and a group holds only the one or
+two pieces its rows are in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import fnmatch
+import logging
+import tarfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+LM1B_DIR = "1-billion-word-language-modeling-benchmark-r13output"
+LM1B_PATTERNS = {
+    "train": "training-monolingual.tokenized.shuffled/news.en-000??-of-00100",
+    "heldout": "heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050",
+}
+
+
+def _sentence(line: bytes) -> list[str]:
+    return line.decode("utf-8", errors="replace").split()
+
+
+def _warn_invalid_utf8(name: str, lines: list[bytes]) -> None:
+    bad = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(number)
+    if bad:
+        shown = ", ".join(map(str, bad[:20])) + (", ..." if len(bad) > 20 else "")
+        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (non-empty lines %s)", name, len(bad), shown)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One file, or one member of a .tar.gz archive (read by decompressing up to it)."""
+
+    path: Path
+    member: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}:{self.member}" if self.member else str(self.path)
+
+    def lines(self) -> list[bytes]:
+        """The shard's non-empty lines, as bytes."""
+        if self.member is None:
+            with open(self.path, "rb") as f:
+                return [line for line in f if line.strip()]
+        for name, f in iter_archive(self.path):
+            if name == self.member:
+                return [line for line in f if line.strip()]
+        raise FileNotFoundError(f"{self.path}: no member {self.member}")
+
+
+def iter_archive(path: Path) -> Iterator[tuple[str, object]]:
+    """(member name, file object) of each regular file of a .tar.gz, in archive order, read as a
+    stream; a corrupt or truncated archive fails naming the member it was reading."""
+    name = "(the archive header)"
+    try:
+        with tarfile.open(path, "r|gz") as archive:
+            for info in archive:
+                if info.isfile():
+                    name = info.name
+                    yield name, archive.extractfile(info)
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ValueError(f"{path}: corrupt or truncated archive, while reading {name}: {e}") from None
+
+
+class ShardedCorpus:
+    """Sentences in shards. Sizes (non-empty lines per shard) and the number of predicted
+    positions are counted in one streaming pass, when first needed."""
+
+    def __init__(self, name: str, shards: list[Shard]):
+        self.name, self.shards = name, shards
+        self._sizes: list[int] | None = None
+        self._positions = 0
+
+    def _count(self) -> None:
+        if self._sizes is None:
+            sizes, positions = [0] * len(self.shards), 0
+            for index, shard_lines in self._stream_lines():
+                _warn_invalid_utf8(self.shards[index].name, shard_lines)
+                sizes[index] = len(shard_lines)
+                positions += sum(len(line.split()) + 1 for line in shard_lines)
+            self._sizes, self._positions = sizes, positions
+
+    def _stream_lines(self) -> Iterator[tuple[int, list[bytes]]]:
+        """(shard index, non-empty lines) of every shard in storage order: files one by one, an
+        archive's members as they come in one decompression pass."""
+        if self.shards[0].member is None:
+            yield from enumerate(s.lines() for s in self.shards)
+            return
+        index = {s.member: i for i, s in enumerate(self.shards)}
+        for name, f in iter_archive(self.shards[0].path):
+            if name in index:
+                yield index[name], [line for line in f if line.strip()]
+
+    def __len__(self) -> int:
+        self._count()
+        return sum(self._sizes)
+
+    def positions(self) -> int:
+        """Predicted positions of one pass: the sum of (n + 1) over the n-word sentences."""
+        self._count()
+        return self._positions
+
+    def stream(self) -> Iterator[list[str]]:
+        """Every sentence once, in storage order; logs progress and an ETA after each shard."""
+        start = time.monotonic()
+        for done, (_, shard_lines) in enumerate(self._stream_lines(), start=1):
+            yield from (_sentence(line) for line in shard_lines)
+            eta = (time.monotonic() - start) * (len(self.shards) - done) / done
+            log.info("%s: read %d of %d shard(s), ETA %.0fs", self.name, done, len(self.shards), eta)
+
+    def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool) -> GroupView:
+        """The sentences group `group` of `groups` reads in `epoch` (see the module doc)."""
+        self._count()
+        m = -(-groups // len(self.shards))
+        pieces = [(s, j) for s in range(len(self.shards)) for j in range(m)]
+        order = np.random.default_rng([seed, epoch]).permutation(len(pieces)) if shuffle else np.arange(len(pieces))
+        mine = [pieces[p] for p in order[group::groups]]
+        sizes = [len(range(j, self._sizes[s], m)) for s, j in mine]
+
+        def load(k: int) -> list[bytes]:
+            s, j = mine[k]
+            lines = self.shards[s].lines()[j::m]
+            if shuffle:
+                perm = np.random.default_rng([seed, epoch, s, j]).permutation(len(lines))
+                lines = [lines[i] for i in perm]
+            return lines
+
+        return GroupView(sizes, load)
+
+
+class GroupView:
+    """Random access, by position in a group's epoch stream, to pieces loaded on demand (the
+    two most recent kept)."""
+
+    def __init__(self, sizes: list[int], load: Callable[[int], list[bytes]]):
+        self._starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        self._load = load
+        self._cache: dict[int, list[bytes]] = {}
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, i: int) -> list[str]:
+        k = bisect.bisect_right(self._starts, i) - 1
+        if k not in self._cache:
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[k] = self._load(k)
+        return _sentence(self._cache[k][i - self._starts[k]])
+
+
+def lm1b_shards(path: Path, split: str) -> list[Shard]:
+    """LM1B's training files or its standard held-out file (ELMO_SPEC.md section 6), in a folder
+    (the benchmark's folder or the one holding it) or in its .tar.gz."""
+    pattern = LM1B_PATTERNS[split]
+    if path.is_dir():
+        for root in (path, path / LM1B_DIR):
+            files = sorted(root.glob(pattern))
+            if files:
+                return [Shard(f) for f in files]
+        raise FileNotFoundError(
+            f"lm1b:{path}: no file matches {pattern} in {path} or {path / LM1B_DIR} (expected the LM1B "
+            f"folder {LM1B_DIR}/ or the folder holding it)"
+        )
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+        members = [name for name, _ in iter_archive(path) if fnmatch.fnmatch(name, f"*{pattern}")]
+        if not members:
+            raise FileNotFoundError(f"lm1b:{path}: the archive has no member matching */{pattern}")
+        return [Shard(path, m) for m in sorted(members)]
+    raise FileNotFoundError(f"lm1b:{path}: neither a folder nor a .tar.gz archive")
