@@ -22,7 +22,7 @@ config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/NA
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
 flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. vocab: the source to count.")
 flags.DEFINE_integer("min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines).")
-flags.DEFINE_integer("max_sentences", 0, "eval: evaluate only the first N sentences (0 = all).")
+flags.DEFINE_integer("max-sentences", 0, "eval: evaluate only the first N sentences, for a quick estimate (0 = all).")
 flags.DEFINE_integer("batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).")
 flags.DEFINE_string("options", None, "import, embed: bilm-tf options.json.")
 flags.DEFINE_string("weights", None, "import, embed: bilm-tf weights.hdf5.")
@@ -98,7 +98,7 @@ def cmd_eval() -> None:
     from elmo_jax.train.evaluate_run import evaluate_workdir
 
     _require("workdir")
-    result = evaluate_workdir(FLAGS.workdir, FLAGS.data, FLAGS.max_sentences or None, FLAGS.batch_size)
+    result = evaluate_workdir(FLAGS.workdir, FLAGS.data, FLAGS["max-sentences"].value or None, FLAGS.batch_size)
     print(json.dumps(result))
 
 
