@@ -94,3 +94,18 @@ def test_a_truncated_archive_fails_naming_the_member(lm1b, tmp_path):
     cut.write_bytes(data[: len(data) * 2 // 3])
     with pytest.raises(ValueError, match=r"cut.tar.gz: corrupt or truncated archive, while reading .*news.en"):
         len(open_corpus(f"lm1b:{cut}", "train"))
+
+
+def test_tfds_source_reads_blocks_of_records():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from elmo_jax.text.shards import ShardedCorpus, tfds_blocks
+
+    with tfds.testing.mock_data(num_examples=20):  # mocked records hold str; real ones bytes
+        source = tfds.data_source("lm1b", split="test")
+        want = [s for s in (source[i]["text"].split() for i in range(20)) if s]
+        assert list(all_sentences(open_corpus("tfds:lm1b", "heldout"))) == want
+        blocks = ShardedCorpus("blocks", tfds_blocks("lm1b", "heldout", block=7))
+        assert len(blocks.shards) == 3 and len(blocks) == len(want)
+        vocab = Vocabulary.from_counts(count_words(want))
+        batch = next(StreamBatcher(blocks, vocab, 2, 5, groups=2))  # one group per device, as in training
+        assert batch["mask"].all()

@@ -1,5 +1,5 @@
-"""Corpora stored as shards (text files, or the members of a .tar.gz read as a stream), read one
-piece at a time so memory does not grow with the corpus.
+"""Corpora stored as shards (text files, the members of a .tar.gz read as a stream, or blocks of
+records of a TFDS data source), read one piece at a time so memory does not grow with the corpus.
 
 An epoch's sentence order (see StreamBatcher): every shard is cut into m pieces (m = the
 smallest number giving at least one piece per group of rows; a piece is every m-th non-empty
@@ -83,6 +83,26 @@ def iter_archive(path: Path) -> Iterator[tuple[str, object]]:
         raise ValueError(f"{path}: corrupt or truncated archive, while reading {name}: {e}") from None
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordBlock:
+    """Records start..stop-1 of a random-access data source with a `text` feature (TFDS
+    `data_source`), read as one shard; the text may be bytes or str."""
+
+    source: object
+    start: int
+    stop: int
+    name: str
+
+    def lines(self) -> list[bytes]:
+        out = []
+        for i in range(self.start, self.stop):
+            text = self.source[i]["text"]
+            text = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+            if text.strip():
+                out.append(text)
+        return out
+
+
 class ShardedCorpus:
     """Sentences in shards. Sizes (non-empty lines per shard) and the number of predicted
     positions are counted in one streaming pass, when first needed."""
@@ -104,7 +124,7 @@ class ShardedCorpus:
     def _stream_lines(self) -> Iterator[tuple[int, list[bytes]]]:
         """(shard index, non-empty lines) of every shard in storage order: files one by one, an
         archive's members as they come in one decompression pass."""
-        if self.shards[0].member is None:
+        if getattr(self.shards[0], "member", None) is None:
             yield from enumerate(s.lines() for s in self.shards)
             return
         index = {s.member: i for i, s in enumerate(self.shards)}
@@ -189,3 +209,18 @@ def lm1b_shards(path: Path, split: str) -> list[Shard]:
             raise FileNotFoundError(f"lm1b:{path}: the archive has no member matching */{pattern}")
         return [Shard(path, m) for m in sorted(members)]
     raise FileNotFoundError(f"lm1b:{path}: neither a folder nor a .tar.gz archive")
+
+
+TFDS_SPLITS = {"train": "train", "heldout": "test"}
+
+
+def tfds_blocks(name: str, split: str, block: int = 65536) -> list[RecordBlock]:
+    """A prepared TFDS dataset (`tfds.data_source`, array_record files; no TensorFlow needed) as
+    blocks of `block` records; "heldout" is its test split."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ImportError("tfds: sources need tensorflow-datasets: pip install 'elmo_jax[tfds]'") from None
+    source = tfds.data_source(name, split=TFDS_SPLITS[split])
+    n = len(source)
+    return [RecordBlock(source, s, min(s + block, n), f"tfds:{name}[{TFDS_SPLITS[split]}][{s}:{min(s + block, n)}]") for s in range(0, n, block)]

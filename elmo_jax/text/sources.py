@@ -5,6 +5,8 @@
               shard
   lm1b:PATH   the LM1B folder, or its .tar.gz read as a stream: the training files, or as the
               held-out split the standard test file news.en.heldout-00000-of-00050
+  tfds:NAME   a prepared TFDS dataset with a `text` feature (tfds:lm1b), read with
+              tfds.data_source in blocks of records; held-out = its test split
 
 Text is read shard by shard (see shards.py); bytes that are not valid UTF-8 become U+FFFD, and a
 warning counts such lines per shard.
@@ -20,11 +22,11 @@ from typing import Iterator
 
 from elmo_jax.text.batcher import Corpus
 from elmo_jax.text.demo_corpus import DemoCorpus
-from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards
+from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards, tfds_blocks
 
 log = logging.getLogger(__name__)
 
-SOURCES = "'demo', 'text:GLOB' or 'lm1b:PATH'"
+SOURCES = "'demo', 'text:GLOB', 'lm1b:PATH' or 'tfds:NAME'"
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -77,6 +79,8 @@ def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
         return ShardedCorpus(source, [Shard(p) for p in paths])
     if source.startswith("lm1b:"):
         return ShardedCorpus(f"{source} ({split})", lm1b_shards(Path(source[len("lm1b:") :]), split))
+    if source.startswith("tfds:"):
+        return ShardedCorpus(f"{source} ({split})", tfds_blocks(source[len("tfds:") :], split))
     raise ValueError(f"unknown data source {source!r}; expected {SOURCES}")
 
 
