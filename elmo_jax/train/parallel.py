@@ -4,7 +4,9 @@ Batch rows (and the LSTM state they carry) are sharded over "data"; params and o
 are replicated, except the softmax table, which can be sharded by rows. Each process feeds only
 the rows that live on its own devices: a contiguous block of the global batch, so row r of the
 global batch reads the same text whatever the number of processes. `jax.jit` over the mesh
-inserts the collectives (gradient all-reduce, gathers of the softmax rows a step touches).
+inserts the collectives (gathers of the softmax rows a step touches, the encoded words); the
+LSTMs and the loss run per device under `jax.shard_map` (train/step.py), which sums each
+gradient over the devices once per step.
 """
 
 from __future__ import annotations
