@@ -106,9 +106,11 @@ class StreamBatcher:
         self.chars = chars or CharTable()
         self.table_size = table_size or (lambda n, bound: bucket_size(n))
         self._views: dict[tuple[int, int], object] = {}
+        self._word_ids = np.zeros(0, np.int32)  # char-table row -> vocabulary id
         # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
         self._pos = [[0, 0, 0] for _ in self.rows]
-        self._current: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.rows)
+        # Per local row: the sentence being read, [tokens with <S> and </S>, char-table rows or None].
+        self._current: list[list | None] = [None] * len(self.rows)
 
     # -- state ---------------------------------------------------------------------------
     def state(self) -> dict:
@@ -132,12 +134,15 @@ class StreamBatcher:
             self._views[epoch, group] = epoch_view(self.corpus, epoch, group, self.groups, self.seed, self.shuffle)
         return self._views[epoch, group]
 
-    def _sentence(self, words: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Words -> (word ids (n + 2,), char-table rows (n + 2,)); None if empty."""
-        if not words:
-            return None
-        tokens = [BOS_TOKEN, *words, EOS_TOKEN]
-        return self.vocab.ids(tokens), self.chars.ids(tokens)
+    def _encode(self, sentences: list[list]) -> None:
+        """Fills in the char-table rows of sentences [tokens, None], all in one lookup."""
+        counts = [len(s[0]) for s in sentences]
+        known = len(self.chars.tokens)
+        rows = self.chars.ids([t for s in sentences for t in s[0]])
+        if len(self.chars.tokens) > known:
+            self._word_ids = np.concatenate([self._word_ids, self.vocab.ids(self.chars.tokens[known:])])
+        for s, part in zip(sentences, np.split(rows, np.cumsum(counts)[:-1])):
+            s[1] = part
 
     def _advance(self, j: int) -> bool:
         """Loads local row j's next non-empty sentence; False when a single pass is over."""
@@ -151,9 +156,9 @@ class StreamBatcher:
                     return False
                 self._pos[j] = [epoch + 1, 0, 0]
                 continue
-            sentence = self._sentence(view[index])
-            if sentence is not None:
-                self._current[j] = sentence
+            words = view[index]
+            if words:
+                self._current[j] = [[BOS_TOKEN, *words, EOS_TOKEN], None]
                 return True
             self._pos[j] = [epoch, k + 1, 0]
 
@@ -163,38 +168,52 @@ class StreamBatcher:
 
     def __next__(self) -> dict[str, np.ndarray]:
         T, B = self.unroll_steps, len(self.rows)
-        rows = np.zeros((2, B, T), dtype=np.int64)
-        targets = np.zeros((2, B, T), dtype=np.int32)
-        mask = np.zeros((B, T), dtype=bool)
+        # Which part of which sentence goes where: (row, time, offset in the sentence, length).
+        segments, sentences = [], []
         for j in range(B):
             t = 0
             while t < T:
                 if self._current[j] is None and not self._advance(j):
                     break
-                ids, char_rows = self._current[j]
+                sentence = self._current[j]
                 epoch, k, offset = self._pos[j]
-                take = min(len(ids) - 1 - offset, T - t)
-                stop = offset + take
-                # Reversed positions: backward position p reads reversed token p.
-                rev_in = len(ids) - 1 - np.arange(offset, stop)
-                rows[0, j, t : t + take] = char_rows[offset:stop]
-                targets[0, j, t : t + take] = ids[offset + 1 : stop + 1]
-                rows[1, j, t : t + take] = char_rows[rev_in]
-                targets[1, j, t : t + take] = ids[rev_in - 1]
-                mask[j, t : t + take] = True
+                take = min(len(sentence[0]) - 1 - offset, T - t)
+                segments.append((j, t, offset, take, len(sentences)))
+                sentences.append(sentence)
                 t += take
-                if stop == len(ids) - 1:
+                if offset + take == len(sentence[0]) - 1:
                     self._pos[j] = [epoch, k + 1, 0]
                     self._current[j] = None
                 else:
-                    self._pos[j] = [epoch, k, stop]
-        if not mask.any():
+                    self._pos[j] = [epoch, k, offset + take]
+        if not segments:
             raise StopIteration
+        self._encode([s for s in sentences if s[1] is None])
+        flat_rows = np.concatenate([s[1] for s in sentences])
+        flat_ids = self._word_ids[flat_rows]
+        lengths = np.array([len(s[1]) for s in sentences])
+        base = np.cumsum(lengths) - lengths
+        seg_j, seg_t, seg_offset, seg_take, seg_sentence = np.array(segments).T
+        # One entry per position: its row, time, and index in its sentence.
+        each = np.repeat(np.arange(len(segments)), seg_take)
+        within = np.arange(len(each)) - np.repeat(np.cumsum(seg_take) - seg_take, seg_take)
+        j, t = seg_j[each], seg_t[each] + within
+        start, n = base[seg_sentence[each]], lengths[seg_sentence[each]]
+        p = seg_offset[each] + within
+        # Backward position p reads the sentence reversed: token n - 1 - p, target n - 2 - p.
+        rows = np.zeros((2, B, T), dtype=np.int64)
+        targets = np.zeros((2, B, T), dtype=np.int32)
+        mask = np.zeros((B, T), dtype=bool)
+        rows[0, j, t], targets[0, j, t] = flat_rows[start + p], flat_ids[start + p + 1]
+        rows[1, j, t], targets[1, j, t] = flat_rows[start + n - 1 - p], flat_ids[start + n - 2 - p]
+        mask[j, t] = True
         distinct, inverse = np.unique(rows, return_inverse=True)
         words = self.chars.lookup(distinct)
         # Order the distinct words by their characters, not by cache row numbers, so a batch is
         # the same whatever the cache saw before it (resuming reproduces it bit for bit).
-        order = np.lexsort(words.T[::-1])
+        # (Lexicographic over the columns: big-endian bytes of non-negative ids compare alike.)
+        keys = np.ascontiguousarray(words, dtype=">i4").view(np.dtype((np.void, 4 * words.shape[1])))
+        order = np.argsort(keys.ravel())
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         # A window's inputs are at most B * T tokens per direction.

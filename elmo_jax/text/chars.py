@@ -44,11 +44,12 @@ def encode_tokens(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:
 class CharTable:
     """Caches the char ids of every token seen, so repeated words are encoded once.
 
-    `ids(tokens)` gives each token a row number; `table` holds the rows, (rows, max_chars).
+    `ids(tokens)` gives each token a row number; `tokens[row]` is the token of a row.
     """
 
     def __init__(self, max_chars: int = MAX_CHARS):
         self.max_chars = max_chars
+        self.tokens: list[str] = []
         self._row: dict[str, int] = {}
         self._table = np.zeros((1024, max_chars), dtype=np.int32)
 
@@ -62,7 +63,8 @@ class CharTable:
                 self._table = grown
             self._table[start : start + len(new)] = encode_tokens(new, self.max_chars)
             self._row.update((t, start + i) for i, t in enumerate(new))
-        return np.fromiter((self._row[t] for t in tokens), dtype=np.int64, count=len(tokens))
+            self.tokens += new
+        return np.fromiter(map(self._row.__getitem__, tokens), dtype=np.int64, count=len(tokens))
 
     def lookup(self, rows: np.ndarray) -> np.ndarray:
         """Row numbers (any shape) -> char ids (shape + (max_chars,))."""
