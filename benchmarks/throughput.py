@@ -31,6 +31,7 @@ from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa
 from elmo_jax.model.bilm import bilm_layers, init_params  # noqa: E402
 from elmo_jax.model.lstm import LSTMState  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
+from elmo_jax.text.chars import PAD_CHAR  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
 from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--unroll-steps", type=int, default=20)
+    parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
     args = parser.parse_args()
 
     options, vocab_size, negatives, default_batch = CONFIGS[args.config]
@@ -119,12 +121,12 @@ def main() -> None:
     config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype])
     device = jax.devices()[0]
     corpus, vocab = synthetic_corpus(vocab_size, max(4 * B, 2000))
-    batches = StreamBatcher(corpus, vocab, B, T, seed=0)
+    batches = StreamBatcher(corpus, vocab, B, T, seed=0, char_window=config.char_cnn.widest_filter)
 
     if args.mode == "train":
         hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
         state = init_train_state(jax.random.key(0), config, hp, B)
-        step_fn = make_train_step(config, hp)
+        step_fn = make_train_step(config, hp, unroll=args.scan_unroll)
 
         def run(batch):
             nonlocal state
@@ -134,7 +136,7 @@ def main() -> None:
         tokens_per_step = B * T
     else:
         params = init_params(jax.random.key(0), config, None)
-        fn = jax.jit(lambda p, c, s: bilm_layers(p, c, s, config)[0])
+        fn = jax.jit(lambda p, c, s: bilm_layers(p, c, s, config, unroll=args.scan_unroll)[0])
         zero = LSTMState.zeros(config, B)
 
         def run(batch):
@@ -143,9 +145,12 @@ def main() -> None:
         tokens_per_step = B * T
 
     host = [next(batches) for _ in range(args.warmup + args.steps)]
-    U = max(len(b["chars"]) for b in host)  # one distinct-word bucket for all: one compile
+    # One distinct-word bucket and one width for all (more padding characters change nothing):
+    # one compile.
+    U, W = max(b["chars"].shape[0] for b in host), max(b["chars"].shape[1] for b in host)
     for b in host:
-        b["chars"] = np.pad(b["chars"], ((0, U - len(b["chars"])), (0, 0)))
+        u, w = b["chars"].shape
+        b["chars"] = np.pad(np.pad(b["chars"], ((0, 0), (0, W - w)), constant_values=PAD_CHAR + 1), ((0, U - u), (0, 0)))
     start = time.perf_counter()
     jax.block_until_ready(run(host[0]))
     compile_s = time.perf_counter() - start
@@ -167,6 +172,7 @@ def main() -> None:
         "config": args.config,
         "mode": args.mode,
         "dtype": args.dtype,
+        "scan_unroll": args.scan_unroll,
         "device": device.device_kind,
         "per_device_batch": B,
         "tokens_per_sec": tokens_per_sec,

@@ -40,6 +40,10 @@ class CharCNNConfig:
     activation: str
 
     @property
+    def widest_filter(self) -> int:
+        return max(width for width, _ in self.filters)
+
+    @property
     def n_filters(self) -> int:
         """F: the total number of CNN filters, the width of the highway layers."""
         return sum(count for _, count in self.filters)

@@ -70,3 +70,25 @@ def test_carried_state_changes_the_next_batch(model):
     second, _, _ = run(params, chars, state)
     assert np.abs(np.asarray(first[1:] - second[1:])).max() > 1e-4
     np.testing.assert_array_equal(first[0], second[0])  # the token layer has no state
+
+
+def test_dropping_padding_columns_keeps_every_token_vector():
+    """The batcher cuts a batch's character columns to the longest word + the widest filter:
+    each filter's max still sees a window of padding only, so the vectors are unchanged."""
+    from elmo_jax.model.token_encoder import encode_tokens as encode
+    from elmo_jax.text.batcher import StreamBatcher
+    from elmo_jax.text.vocab import Vocabulary
+
+    config = ModelConfig.from_options(tiny_options(16, 8, 4, [[1, 4], [3, 8], [7, 8]]))
+    params = init_params(jax.random.key(2), config, vocab_size=None)
+    # Untrained, a padding-only window can be the max; make it so for some filters.
+    params["token_encoder"]["char_embed"] = params["token_encoder"]["char_embed"].at[261].set(2.0)
+    sentences = [["a", "bank", "of", "the", "river"], ["supercalifragilistic", "x"]]
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a"])
+    corpus = type("C", (list,), {"name": "c"})(sentences)
+    cut = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False, char_window=config.char_cnn.widest_filter))
+    full = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False))
+    assert cut["chars"].shape[1] == 32 and full["chars"].shape[1] == 50  # 22 + 7, rounded to 8
+    np.testing.assert_array_equal(cut["chars"], full["chars"][:, :32])
+    np.testing.assert_allclose(encode(params["token_encoder"], cut["chars"], config),
+                               encode(params["token_encoder"], full["chars"], config), atol=1e-6)

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
 from elmo_jax.text.vocab import Vocabulary
 
 
@@ -74,7 +74,9 @@ class StreamBatcher:
       mask    (B, T) bool   positions that hold a token
 
     Axis 0 of ids and targets is the direction: 0 forward, 1 backward. `rows` selects the
-    global rows this process produces (all `batch_size` by default); `groups` divides them. With `single_pass` every row
+    global rows this process produces (all `batch_size` by default); `groups` divides them.
+    `char_window` (the model's widest CNN filter) lets the batch drop the character columns no
+    filter needs (see `_columns`). With `single_pass` every row
     stops after one epoch and pads with mask 0; iteration ends when every row is done.
     """
 
@@ -91,6 +93,7 @@ class StreamBatcher:
         chars: CharTable | None = None,
         table_size: Callable[[int, int], int] | None = None,
         groups: int = 1,
+        char_window: int | None = None,
     ):
         if len(corpus) == 0:
             raise ValueError(f"{corpus.name}: the corpus holds no sentences")
@@ -99,6 +102,7 @@ class StreamBatcher:
         if batch_size % groups:
             raise ValueError(f"batch_size={batch_size} rows cannot form {groups} equal groups")
         self.groups, self.group_rows = groups, batch_size // groups
+        self.char_window = char_window
         self.corpus, self.vocab = corpus, vocab
         self.batch_size, self.unroll_steps = batch_size, unroll_steps
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
@@ -217,10 +221,21 @@ class StreamBatcher:
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         # A window's inputs are at most B * T tokens per direction.
-        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), self.chars.max_chars), np.int32)
-        chars[: len(distinct)] = words[order]
+        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), self._columns(words)), np.int32)
+        chars[: len(distinct)] = words[order, : chars.shape[1]]
         ids = rank[inverse].reshape(rows.shape).astype(np.int32)
         return {"chars": chars, "ids": ids, "targets": targets, "mask": mask}
+
+    def _columns(self, words: np.ndarray) -> int:
+        """Columns of the batch's character table. With `char_window` w (the widest CNN filter),
+        the padding after the longest word's characters is cut to w (rounded up to a multiple
+        of 8, to bound the compiled shapes): every word keeps at least one window of padding
+        only, whose value is the same for all, so each filter's max is unchanged."""
+        C = self.chars.max_chars
+        if self.char_window is None:
+            return C
+        longest = int((words != PAD_CHAR + 1).sum(axis=1).max(initial=0))
+        return min(C, -(-(longest + self.char_window) // 8) * 8)
 
     def empty_batch(self) -> dict[str, np.ndarray]:
         """A batch without tokens (mask all False), shaped like this batcher's."""

@@ -196,6 +196,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     batcher = StreamBatcher(
         train_corpus, vocab, batch_size, t.unroll_steps, seed=t.seed,
         rows=parallel.local_rows(batch_size), table_size=parallel.table_size, groups=parallel.size,
+        char_window=model.char_cnn.widest_filter,
     )
     steps_per_epoch = batcher.steps_per_epoch()
     total_steps = math.ceil(t.n_epochs * steps_per_epoch)
