@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU run (about 7 minutes on one H200): train-step throughput of the published
+# One prepared GPU run (about 8 minutes on one H200): train-step throughput of the published
 # sizes in float32 and bfloat16 and the embedding forward, one process per measurement, each line of
 # results appended to $OUT/throughput.jsonl (or ./throughput.jsonl). Runs from the repository
 # root with the machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
@@ -22,3 +22,5 @@ for dtype in bf16 f32; do
   run --config=small --per-device-batch=256 --dtype=$dtype
   run --config=original --per-device-batch=256 --mode=embed --dtype=$dtype
 done
+run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=2
+run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=5
