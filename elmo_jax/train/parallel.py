@@ -16,7 +16,7 @@ import re
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.text.batcher import bucket_size
@@ -41,7 +41,10 @@ class DataParallel:
                 f"config.train.devices={devices}: a multi-process run uses all {len(available)} devices "
                 f"of its {jax.process_count()} processes (devices=0)"
             )
-        self.mesh = jax.make_mesh((n,), (AXIS,), axis_types=(AxisType.Auto,), devices=available[:n])
+        # Ordered by process, so each process's devices hold one contiguous block of rows
+        # (jax.make_mesh may reorder devices by physical topology, e.g. on TPU pods).
+        devices = sorted(available[:n], key=lambda d: (d.process_index, d.id))
+        self.mesh = Mesh(np.array(devices), (AXIS,), axis_types=(AxisType.Auto,))
         self.size = n
         self.local_size = sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
