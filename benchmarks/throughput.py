@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
+from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams, bilm_options  # noqa: E402
 from elmo_jax.model.bilm import bilm_layers, init_params  # noqa: E402
 from elmo_jax.model.lstm import LSTMState  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
@@ -35,17 +35,7 @@ from elmo_jax.text.chars import PAD_CHAR  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
 from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
-CPU_PEER = {
-    "lstm": {"dim": 256, "projection_dim": 64, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
-    "char_cnn": {
-        "embedding": {"dim": 16},
-        "filters": [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]],
-        "n_highway": 1,
-        "n_characters": 262,
-        "max_characters_per_token": 50,
-        "activation": "relu",
-    },
-}
+CPU_PEER = bilm_options(256, 64, [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]], embedding_dim=16, n_highway=1)
 # name: (options, vocabulary size, negatives, default per-device batch)
 CONFIGS = {
     "cpu_peer": (CPU_PEER, 5_000, 1024, 32),

@@ -210,7 +210,11 @@ class TrainHParams:
 _PUBLISHED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
 
 
-def _published(dim: int, projection_dim: int, n_highway: int) -> dict[str, Any]:
+def bilm_options(
+    dim: int, projection_dim: int, filters: list[list[int]], embedding_dim: int = 16, n_highway: int = 1
+) -> dict[str, Any]:
+    """The options.json dict of a biLM shaped like the published ones: 2 layers with skip
+    connections, clips 3, relu char CNN over 50 characters of 262 ids."""
     return {
         "lstm": {
             "dim": dim,
@@ -221,8 +225,8 @@ def _published(dim: int, projection_dim: int, n_highway: int) -> dict[str, Any]:
             "use_skip_connections": True,
         },
         "char_cnn": {
-            "embedding": {"dim": 16},
-            "filters": _PUBLISHED_FILTERS,
+            "embedding": {"dim": embedding_dim},
+            "filters": filters,
             "n_highway": n_highway,
             "n_characters": 262,
             "max_characters_per_token": 50,
@@ -233,9 +237,9 @@ def _published(dim: int, projection_dim: int, n_highway: int) -> dict[str, Any]:
 
 # The published ELMo sizes (ELMO_SPEC.md section 1), as options.json dicts.
 PUBLISHED_OPTIONS: dict[str, dict[str, Any]] = {
-    "small": _published(1024, 128, 1),
-    "medium": _published(2048, 256, 1),
-    "original": _published(4096, 512, 2),
+    "small": bilm_options(1024, 128, _PUBLISHED_FILTERS, n_highway=1),
+    "medium": bilm_options(2048, 256, _PUBLISHED_FILTERS, n_highway=1),
+    "original": bilm_options(4096, 512, _PUBLISHED_FILTERS, n_highway=2),
 }
 
 
