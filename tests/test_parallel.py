@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from elmo_jax.config import ModelConfig, TrainHParams
-from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.batcher import StreamBatcher, all_sentences, round_up
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
-from elmo_jax.train.parallel import DataParallel, collectives_in_loops, communication_bytes, round_up
+from elmo_jax.train.parallel import DataParallel, collectives_in_loops, communication_bytes
 from elmo_jax.train.step import init_train_state, make_train_step
 from tiny_models import tiny_options
 
@@ -22,7 +22,7 @@ B, T = 16, 5
 @pytest.fixture(scope="module")
 def data():
     corpus = DemoCorpus("train", size=2_000)
-    vocab = Vocabulary.from_counts(count_words(corpus[i] for i in range(len(corpus))))
+    vocab = Vocabulary.from_counts(count_words(all_sentences(corpus)))
     hp = TrainHParams(batch_size=B // 8, unroll_steps=T, n_tokens_vocab=len(vocab), n_negative_samples_batch=64)
     # Tables of distinct words rounded to a multiple of 8, which both layouts can take.
     batcher = StreamBatcher(corpus, vocab, B, T, seed=0, table_size=DataParallel(8).table_size)

@@ -77,7 +77,10 @@ def test_groups_read_disjoint_pieces_that_cover_the_corpus(lm1b):
     corpus = open_corpus(f"lm1b:{lm1b[0]}", "train")
     everything = sorted(s[0] for s in all_sentences(corpus))
     for groups in (2, 7):  # 7 groups > 5 shards: shards are cut into pieces
-        seen = [s[0] for g in range(groups) for view in [epoch_view(corpus, 0, g, groups, 3, True)] for s in (view[i] for i in range(len(view)))]
+        seen = []
+        for g in range(groups):
+            view = epoch_view(corpus, 0, g, groups, 3, True)
+            seen += [view[i][0] for i in range(len(view))]
         assert sorted(seen) == everything
     first, second = (epoch_view(corpus, e, 0, 2, 3, True) for e in (0, 1))
     assert [first[i] for i in range(5)] != [second[i] for i in range(5)]  # reshuffled per epoch

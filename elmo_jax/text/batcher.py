@@ -42,6 +42,13 @@ class _Indexed:
         return self.corpus[int(self.indices[i])]
 
 
+def all_sentences(corpus: Corpus) -> Iterator[list[str]]:
+    """Every sentence of a corpus once, streamed where it is sharded."""
+    if hasattr(corpus, "stream"):
+        return corpus.stream()
+    return (corpus[i] for i in range(len(corpus)))
+
+
 def epoch_view(corpus: Corpus, epoch: int, group: int, groups: int, seed: int, shuffle: bool):
     """The sentences group `group` of `groups` reads in `epoch`: a random-access corpus is
     permuted from (seed, epoch) (or kept in order) and dealt to the groups in turn."""
@@ -52,10 +59,13 @@ def epoch_view(corpus: Corpus, epoch: int, group: int, groups: int, seed: int, s
     return _Indexed(corpus, order[group::groups])
 
 
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def bucket_size(n: int) -> int:
     """n rounded up to one of 4 sizes per power of two (>= 64), to bound compiled shapes."""
-    step = max(64, 2 ** (max(n, 1).bit_length() - 3))
-    return -(-n // step) * step
+    return round_up(n, max(64, 2 ** (max(n, 1).bit_length() - 3)))
 
 
 def epochs_done(state: dict, n_sentences: int) -> float:
@@ -235,7 +245,7 @@ class StreamBatcher:
         if self.char_window is None:
             return C
         longest = int((words != PAD_CHAR + 1).sum(axis=1).max(initial=0))
-        return min(C, -(-(longest + self.char_window) // 8) * 8)
+        return min(C, round_up(longest + self.char_window, 8))
 
     def empty_batch(self) -> dict[str, np.ndarray]:
         """A batch without tokens (mask all False), shaped like this batcher's."""
@@ -260,7 +270,7 @@ class StreamBatcher:
         """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""
         if hasattr(self.corpus, "positions"):
             return self.corpus.positions()
-        return sum(len(s) + 1 for s in (self.corpus[i] for i in range(len(self.corpus))) if s)
+        return sum(len(s) + 1 for s in all_sentences(self.corpus) if s)
 
     def steps_per_epoch(self) -> int:
         return math.ceil(self.positions_per_epoch() / (self.batch_size * self.unroll_steps))

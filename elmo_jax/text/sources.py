@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
-from elmo_jax.text.batcher import Corpus
+from elmo_jax.text.batcher import Corpus, all_sentences
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards, tfds_blocks
 
@@ -53,13 +53,6 @@ class Sentences(list):
     def __init__(self, sentences, name: str):
         super().__init__(sentences)
         self.name = name
-
-
-def all_sentences(corpus: Corpus) -> Iterator[list[str]]:
-    """Every sentence of a corpus once, streamed where it is sharded."""
-    if hasattr(corpus, "stream"):
-        return corpus.stream()
-    return (corpus[i] for i in range(len(corpus)))
 
 
 def first_sentences(corpus: Corpus, n: int) -> Sentences:

@@ -19,14 +19,14 @@ from jax.experimental import multihost_utils
 from elmo_jax.config import ModelConfig
 from elmo_jax.experiment import model_config, train_hparams
 from elmo_jax.model_io import load_model, model_options
-from elmo_jax.text.batcher import StreamBatcher, epochs_done
+from elmo_jax.text.batcher import StreamBatcher, all_sentences, epochs_done, round_up
 from elmo_jax.text.demo_corpus import grammar
-from elmo_jax.text.sources import all_sentences, open_corpus
+from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
-from elmo_jax.train.parallel import DataParallel, data_parallel, round_up
+from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.prefetch import Prefetcher
 from elmo_jax.train.step import TrainState, init_train_state, make_train_step
 from elmo_jax.train.warm_start import warm_start

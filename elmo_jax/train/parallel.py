@@ -19,13 +19,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.model.lstm import LSTMState
-from elmo_jax.text.batcher import bucket_size
+from elmo_jax.text.batcher import bucket_size, round_up
 
 AXIS = "data"
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 class DataParallel:
