@@ -35,16 +35,25 @@ def _sentence(line: bytes) -> list[str]:
     return line.decode("utf-8", errors="replace").split()
 
 
-def _warn_invalid_utf8(name: str, lines: list[bytes]) -> None:
+def warn_invalid_utf8(name: str, numbers: list[int], what: str = "lines") -> None:
+    """Logs the line numbers (up to 20) of `name` that were not valid UTF-8."""
+    if numbers:
+        shown = ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
+        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (%s %s)", name, len(numbers), what, shown)
+
+
+def _invalid_utf8(lines: list[bytes]) -> list[int]:
     bad = []
     for number, line in enumerate(lines, start=1):
         try:
             line.decode("utf-8")
         except UnicodeDecodeError:
             bad.append(number)
-    if bad:
-        shown = ", ".join(map(str, bad[:20])) + (", ..." if len(bad) > 20 else "")
-        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (non-empty lines %s)", name, len(bad), shown)
+    return bad
+
+
+def _non_empty(f) -> list[bytes]:
+    return [line for line in f if line.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +71,10 @@ class Shard:
         """The shard's non-empty lines, as bytes."""
         if self.member is None:
             with open(self.path, "rb") as f:
-                return [line for line in f if line.strip()]
+                return _non_empty(f)
         for name, f in iter_archive(self.path):
             if name == self.member:
-                return [line for line in f if line.strip()]
+                return _non_empty(f)
         raise FileNotFoundError(f"{self.path}: no member {self.member}")
 
 
@@ -116,21 +125,29 @@ class ShardedCorpus:
         if self._sizes is None:
             sizes, positions = [0] * len(self.shards), 0
             for index, shard_lines in self._stream_lines():
-                _warn_invalid_utf8(self.shards[index].name, shard_lines)
+                warn_invalid_utf8(self.shards[index].name, _invalid_utf8(shard_lines), "non-empty lines")
                 sizes[index] = len(shard_lines)
                 positions += sum(len(line.split()) + 1 for line in shard_lines)
             self._sizes, self._positions = sizes, positions
 
     def _stream_lines(self) -> Iterator[tuple[int, list[bytes]]]:
-        """(shard index, non-empty lines) of every shard in storage order: files one by one, an
-        archive's members as they come in one decompression pass."""
+        """(shard index, non-empty lines) of every shard in storage order (files one by one, an
+        archive's members as they come in one decompression pass); logs progress and an ETA
+        after each shard."""
+        start = time.monotonic()
+        for done, (index, lines) in enumerate(self._shard_lines(), start=1):
+            yield index, lines
+            eta = (time.monotonic() - start) * (len(self.shards) - done) / done
+            log.info("%s: read %d of %d shard(s), ETA %.0fs", self.name, done, len(self.shards), eta)
+
+    def _shard_lines(self) -> Iterator[tuple[int, list[bytes]]]:
         if getattr(self.shards[0], "member", None) is None:
             yield from enumerate(s.lines() for s in self.shards)
             return
         index = {s.member: i for i, s in enumerate(self.shards)}
         for name, f in iter_archive(self.shards[0].path):
             if name in index:
-                yield index[name], [line for line in f if line.strip()]
+                yield index[name], _non_empty(f)
 
     def __len__(self) -> int:
         self._count()
@@ -142,12 +159,9 @@ class ShardedCorpus:
         return self._positions
 
     def stream(self) -> Iterator[list[str]]:
-        """Every sentence once, in storage order; logs progress and an ETA after each shard."""
-        start = time.monotonic()
-        for done, (_, shard_lines) in enumerate(self._stream_lines(), start=1):
+        """Every sentence once, in storage order."""
+        for _, shard_lines in self._stream_lines():
             yield from (_sentence(line) for line in shard_lines)
-            eta = (time.monotonic() - start) * (len(self.shards) - done) / done
-            log.info("%s: read %d of %d shard(s), ETA %.0fs", self.name, done, len(self.shards), eta)
 
     def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool) -> GroupView:
         """The sentences group `group` of `groups` reads in `epoch` (see the module doc)."""

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import glob
 import itertools
-import logging
 from pathlib import Path
 from typing import Iterator
 
 from elmo_jax.text.batcher import Corpus, all_sentences
 from elmo_jax.text.demo_corpus import DemoCorpus
-from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards, tfds_blocks
-
-log = logging.getLogger(__name__)
+from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards, tfds_blocks, warn_invalid_utf8
 
 SOURCES = "'demo', 'text:GLOB', 'lm1b:PATH' or 'tfds:NAME'"
 
@@ -42,9 +39,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8", errors="replace")
                 bad.append(number)
             yield number, text
-    if bad:
-        shown = ", ".join(map(str, bad[:20])) + (", ..." if len(bad) > 20 else "")
-        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (lines %s)", path, len(bad), shown)
+    warn_invalid_utf8(str(path), bad)
 
 
 class Sentences(list):
