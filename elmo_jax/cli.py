@@ -134,17 +134,12 @@ def cmd_embed() -> None:
 
 def cmd_vocab() -> None:
     from elmo_jax.text.sources import stream_sentences
-    from elmo_jax.text.vocab import build_vocabulary
+    from elmo_jax.text.vocab import build_vocabulary, summary
 
     _require("data", "out")
     vocab, stats = build_vocabulary(stream_sentences(FLAGS.data), FLAGS["min-count"].value)
     vocab.save(FLAGS.out)
-    log.info(
-        "%s: %s sentences, %s tokens, %s types; %s words seen >= %d times (+ <S>, </S>, <UNK>) written to %s; "
-        "out-of-vocabulary tokens %.3f%%",
-        FLAGS.data, f"{stats['sentences']:,}", f"{stats['tokens']:,}", f"{stats['types']:,}",
-        f"{stats['vocabulary'] - 3:,}", stats["min_count"], FLAGS.out, 100 * stats["oov_rate"],
-    )
+    log.info("%s: %s; written to %s", FLAGS.data, summary(stats), FLAGS.out)
     print(json.dumps(stats))
 
 

@@ -101,3 +101,12 @@ def build_vocabulary(sentences: Iterable[list[str]], min_count: int = 1) -> tupl
         "oov_rate": oov / max(tokens, 1),
     }
     return vocab, stats
+
+
+def summary(stats: dict[str, float]) -> str:
+    """build_vocabulary's statistics in one line."""
+    return (
+        f"{stats['sentences']:,} sentences, {stats['tokens']:,} tokens, {stats['types']:,} types; "
+        f"{stats['vocabulary'] - len(SPECIAL_TOKENS):,} words seen >= {stats['min_count']} times "
+        f"(+ {', '.join(SPECIAL_TOKENS)}); out-of-vocabulary tokens {100 * stats['oov_rate']:.3f}%"
+    )

@@ -22,7 +22,7 @@ from elmo_jax.model_io import load_model, model_options
 from elmo_jax.text.batcher import StreamBatcher, all_sentences, epochs_done, round_up
 from elmo_jax.text.demo_corpus import grammar
 from elmo_jax.text.sources import open_corpus
-from elmo_jax.text.vocab import Vocabulary, count_words
+from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
@@ -86,7 +86,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> V
             shutil.copyfile(config.data.vocab, path)
         return vocab
     log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
-    vocab = Vocabulary.from_counts(count_words(all_sentences(corpus)), config.data.min_count)
+    vocab, stats = build_vocabulary(all_sentences(corpus), config.data.min_count)
+    log.info("%s: %s", corpus.name, summary(stats))
     if jax.process_index() == 0:
         vocab.save(path)
     return vocab
