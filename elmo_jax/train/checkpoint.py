@@ -37,11 +37,9 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def softmax_rows(self, step: int | None = None) -> int:
-        """Rows of the softmax table in the checkpoint at `step` (default latest), read from
-        its metadata."""
-        step = self.latest_step() if step is None else step
-        return self.manager.item_metadata(step)["state"]["params"]["softmax"]["W"].shape[0]
+    def softmax_table_rows(self) -> int:
+        """Rows of the softmax table in the latest checkpoint, read from its metadata."""
+        return self.manager.item_metadata(self.latest_step())["state"]["params"]["softmax"]["W"].shape[0]
 
     def is_due(self, step: int) -> bool:
         """Every `every` steps (Orbax's own policy also saves at every step until a first
@@ -73,11 +71,10 @@ class Checkpoints:
             self.manager.reload()
         raise RuntimeError(f"the checkpoint of step {step} did not land in {self.directory}")
 
-    def restore_state(self, abstract_state: TrainState, step: int | None = None) -> TrainState:
-        """The TrainState at `step` (default latest), shaped and sharded like `abstract_state`."""
-        step = self.latest_step() if step is None else step
+    def restore_state(self, abstract_state: TrainState) -> TrainState:
+        """The latest TrainState, shaped and sharded like `abstract_state`."""
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
-        return self.manager.restore(step, args=args).state
+        return self.manager.restore(self.latest_step(), args=args).state
 
     def restore(self, abstract_state: TrainState, parallel: DataParallel, batch_size: int) -> tuple[TrainState, dict]:
         """The latest TrainState and the batcher state of this process's rows."""

@@ -100,7 +100,7 @@ def eval_summary(result: dict[str, float], source: str) -> dict[str, float]:
     return result
 
 
-def softmax_rows(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+def softmax_table_rows(config: ml_collections.ConfigDict, vocab_size: int) -> int:
     """Rows of the softmax table: V, padded to a multiple of the devices when it is sharded."""
     return round_up(vocab_size, config.train.devices) if config.train.shard_softmax else vocab_size
 
@@ -112,7 +112,7 @@ def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, par
     model, hp = model_config(config), train_hparams(config, vocab_size)
     batch = config.train.per_device_batch_size * config.train.devices
     abstract = jax.eval_shape(
-        lambda: init_train_state(jax.random.key(0), model, hp, batch, softmax_rows(config, vocab_size))
+        lambda: init_train_state(jax.random.key(0), model, hp, batch, softmax_table_rows(config, vocab_size))
     )
     if parallel is None:
         shardings = jax.tree.map(lambda _: data_parallel().replicated, abstract)
@@ -123,7 +123,7 @@ def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, par
 
 def check_vocab(checkpoints: Checkpoints, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path) -> None:
     """Fails, naming both sizes, when the vocabulary does not fit the checkpoint's softmax."""
-    rows, expected = checkpoints.softmax_rows(), softmax_rows(config, len(vocab))
+    rows, expected = checkpoints.softmax_table_rows(), softmax_table_rows(config, len(vocab))
     if rows != expected:
         raise ValueError(
             f"{path} has {len(vocab)} words (a softmax of {expected} rows) but the checkpoint in "
@@ -215,7 +215,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     start = checkpoints.latest_step()
     if start is None:
-        init = functools.partial(init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_rows(config, len(vocab)))
+        init = functools.partial(init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_table_rows(config, len(vocab)))
         state = jax.jit(init, out_shardings=shardings)()
         start = 0
         if t.init_from:

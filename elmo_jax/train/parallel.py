@@ -79,10 +79,10 @@ class DataParallel:
     def batch_shardings(self) -> dict[str, NamedSharding]:
         return {"chars": self.rows, "ids": self.sharded_on(1), "targets": self.sharded_on(1), "mask": self.rows}
 
-    def abstract_batch(self, rows: int, unroll_steps: int, table_rows: int, max_chars: int) -> dict:
+    def abstract_batch(self, rows: int, unroll_steps: int, distinct_words: int, max_chars: int) -> dict:
         """Shapes, dtypes and shardings of a global batch, to compile a step without data."""
         shapes = {
-            "chars": ((table_rows, max_chars), np.int32),
+            "chars": ((distinct_words, max_chars), np.int32),
             "ids": ((2, rows, unroll_steps), np.int32),
             "targets": ((2, rows, unroll_steps), np.int32),
             "mask": ((rows, unroll_steps), np.bool_),
@@ -99,7 +99,7 @@ class DataParallel:
         out = {}
         for key, sharding in self.batch_shardings().items():
             x = local[key]
-            axis = 1 if key in ("ids", "targets") else 0
+            axis = sharding.spec.index(AXIS)
             shape = x.shape[:axis] + (x.shape[axis] * n_proc,) + x.shape[axis + 1 :]
             out[key] = jax.make_array_from_process_local_data(sharding, x, shape)
         return out

@@ -51,13 +51,13 @@ def _without_softmax(params: dict) -> dict:
 
 
 def init_train_state(
-    rng: jax.Array, config: ModelConfig, hp: TrainHParams, batch_size: int, softmax_rows: int | None = None
+    rng: jax.Array, config: ModelConfig, hp: TrainHParams, batch_size: int, table_rows: int | None = None
 ) -> TrainState:
     """Fresh params, optimizer state and zero LSTM state for `batch_size` rows (global). The
-    softmax table gets `softmax_rows` >= V rows (zero padding, for sharding by rows)."""
+    softmax table gets `table_rows` >= V rows (zero padding, for sharding by rows)."""
     k_init, k_train = jax.random.split(rng)
     params = init_params(k_init, config, hp.n_tokens_vocab)
-    pad = (softmax_rows or hp.n_tokens_vocab) - hp.n_tokens_vocab
+    pad = (table_rows or hp.n_tokens_vocab) - hp.n_tokens_vocab
     params["softmax"] = {
         "W": jnp.pad(params["softmax"]["W"], ((0, pad), (0, 0))),
         "b": jnp.pad(params["softmax"]["b"], (0, pad)),
@@ -160,12 +160,13 @@ def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, c
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
 
 
-def _sparse_adagrad(table: dict, accumulators: dict, table_rows: dict, grads: dict, rows: jax.Array, lr: float):
-    """Adagrad on rows `rows` of each table (rows out of range, the padding, are skipped)."""
+def _sparse_adagrad(table: dict, accumulators: dict, gathered: dict, grads: dict, rows: jax.Array, lr: float):
+    """Adagrad on rows `rows` of each table, whose values are `gathered` (rows out of range,
+    the padding, are skipped)."""
     new_table, new_acc = {}, {}
     for key in table:
         acc_rows = accumulators[key].at[rows].get(mode="fill", fill_value=1.0) + grads[key] ** 2
-        value_rows = table_rows[key] - lr * grads[key] / jnp.sqrt(acc_rows)
+        value_rows = gathered[key] - lr * grads[key] / jnp.sqrt(acc_rows)
         new_table[key] = table[key].at[rows].set(value_rows, mode="drop")
         new_acc[key] = accumulators[key].at[rows].set(acc_rows, mode="drop")
     return new_table, new_acc
@@ -179,8 +180,8 @@ def train_step(
     k_dropout, k_sample = jax.random.split(rng)
     table = state.params["softmax"]
     used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
-    table_rows = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
-    params = {**state.params, "softmax": table_rows}
+    gathered = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
+    params = {**state.params, "softmax": gathered}
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     (loss, (losses, lstm_state)), grads = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh)
     grad_norm = optax.tree.norm(grads)
@@ -188,7 +189,7 @@ def train_step(
     updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
     new_params = optax.apply_updates(_without_softmax(state.params), updates)
     new_params["softmax"], softmax_state = _sparse_adagrad(
-        table, state.opt_state["softmax"], table_rows, grads["softmax"], used.rows, hp.learning_rate
+        table, state.opt_state["softmax"], gathered, grads["softmax"], used.rows, hp.learning_rate
     )
     metrics = {
         "loss": loss,
@@ -223,21 +224,9 @@ def eval_step(
     """Full-softmax evaluation over the first `vocab_size` table rows, no dropout: summed cross
     entropy per direction (2,), the number of positions, and the carried state."""
     top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, unroll)
+    h_2NP = top_2BTP.reshape(2, -1, top_2BTP.shape[-1])
+    targets_2N, mask_N = batch["targets"].reshape(2, -1), batch["mask"].reshape(-1)
     W, b = params["softmax"]["W"], params["softmax"]["b"]
-    mask_N = batch["mask"].reshape(-1)
-    sums = jnp.stack(
-        [
-            jnp.sum(
-                jnp.where(
-                    mask_N,
-                    full_softmax_ce(
-                        top_2BTP[d].reshape(-1, top_2BTP.shape[-1]), batch["targets"][d].reshape(-1), W, b,
-                        vocab_size, config.compute_dtype,
-                    ),
-                    0.0,
-                )
-            )
-            for d in range(2)
-        ]
-    )
+    ce = [full_softmax_ce(h_2NP[d], targets_2N[d], W, b, vocab_size, config.compute_dtype) for d in range(2)]
+    sums = jnp.stack([jnp.sum(jnp.where(mask_N, ce_d, 0.0)) for ce_d in ce])
     return sums, mask_N.sum(), lstm_state
