@@ -132,13 +132,16 @@ class ShardedCorpus:
 
     def _stream_lines(self) -> Iterator[tuple[int, list[bytes]]]:
         """(shard index, non-empty lines) of every shard in storage order (files one by one, an
-        archive's members as they come in one decompression pass); logs progress and an ETA
-        after each shard."""
-        start = time.monotonic()
+        archive's members as they come in one decompression pass); on a long pass, logs
+        progress and an ETA after a shard at most every 10 seconds."""
+        start = last = time.monotonic()
         for done, (index, lines) in enumerate(self._shard_lines(), start=1):
             yield index, lines
-            eta = (time.monotonic() - start) * (len(self.shards) - done) / done
-            log.info("%s: read %d of %d shard(s), ETA %.0fs", self.name, done, len(self.shards), eta)
+            now = time.monotonic()
+            if now - last >= 10.0:
+                eta = (now - start) * (len(self.shards) - done) / done
+                log.info("%s: read %d of %d shard(s), ETA %.0fs", self.name, done, len(self.shards), eta)
+                last = now
 
     def _shard_lines(self) -> Iterator[tuple[int, list[bytes]]]:
         if getattr(self.shards[0], "member", None) is None:
