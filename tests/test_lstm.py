@@ -1,7 +1,8 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.model.lstm import lstm_layer
+from elmo_jax.model.lstm import _Clips, _recurrence, _scan, lstm_layer
 
 
 def sigmoid(x):
@@ -47,3 +48,35 @@ def test_lstm_layer_matches_numpy_with_both_clips_firing():
         np.testing.assert_allclose(h, want_h, atol=1e-5)
         np.testing.assert_allclose(c, want_c, atol=1e-5)
     assert (np.asarray(out)[~mask] == 0).all()
+
+
+def test_hand_written_gradient_equals_autodiff_of_the_scan():
+    """The recurrence's custom VJP against JAX's own derivative of the same scan, with both
+    clips firing, masked steps and gradients flowing into the outputs and the final state."""
+    rng = np.random.default_rng(1)
+    T, B, C, P = 6, 3, 8, 4
+    f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
+    W_h, W_p, gates_x, h0, c0 = f32(P, 4 * C), f32(C, P), f32(T, B, 4 * C), f32(B, P), f32(B, C)
+    mask = np.ones((T, B, 1), bool)
+    mask[4:, 1] = False
+    mask[1:, 2] = False
+    weights = f32(T, B, P), f32(B, P), f32(B, C)
+    clips = _Clips(cell=1.5, proj=0.7)
+
+    def loss(recurrence):
+        def f(W_h, W_p, gates_x, h0, c0):
+            out, h, c = recurrence(W_h, W_p, gates_x, mask, h0, c0)
+            return sum(jnp.sum(w * y) for w, y in zip(weights, (out, h, c)))
+
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4)))
+
+    def autodiff(*args):
+        return _scan(*args, clips, 1, "float32", residuals=False)
+
+    out, _, c = autodiff(W_h, W_p, gates_x, mask, h0, c0)
+    assert np.isclose(np.abs(out).max(), clips.proj) and np.isclose(np.abs(c).max(), clips.cell)
+    want = loss(autodiff)(W_h, W_p, gates_x, h0, c0)
+    got = loss(lambda *args: _recurrence(*args, clips, 1, "float32"))(W_h, W_p, gates_x, h0, c0)
+    for name, g, w in zip(["W_h", "W_proj", "gates_x", "h0", "c0"], got, want):
+        assert np.abs(w).max() > 0.1, name
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
