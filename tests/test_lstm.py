@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.model.lstm import _Clips, _recurrence, _scan, lstm_layer
+from elmo_jax.model.lstm import _Clips, _outputs, _recurrence, _scan, lstm_layer
 
 
 def sigmoid(x):
@@ -24,43 +24,49 @@ def numpy_lstm(W, b, W_p, x_BTI, mask_BT, h, c, cell_clip, proj_clip):
 
 
 def test_lstm_layer_matches_numpy_with_both_clips_firing():
-    rng = np.random.default_rng(0)
-    B, T, I, C, P = 3, 7, 5, 8, 4
-    W = rng.normal(0, 1.5, (I + P, 4 * C))
-    b = rng.normal(0, 1.0, 4 * C)
-    W_p = rng.normal(0, 1.5, (C, P))
-    x = rng.normal(0, 2.0, (B, T, I))
+    """Two directions with their own weights, time-major, against the float64 reference."""
+    rng = np.random.default_rng(1)
+    D, B, T, I, C, P = 2, 3, 7, 5, 8, 4
+    W = rng.normal(0, 1.5, (D, I + P, 4 * C))
+    b = rng.normal(0, 1.0, (D, 4 * C))
+    W_p = rng.normal(0, 1.5, (D, C, P))
+    x = rng.normal(0, 2.0, (D, B, T, I))
     mask = np.ones((B, T), bool)
+    mask[0, 2:4] = False
     mask[1, 5:] = False
     mask[2, 2:] = False
-    h0, c0 = rng.normal(0, 1, (B, P)), rng.normal(0, 1, (B, C))
+    h0, c0 = rng.normal(0, 1, (D, B, P)), rng.normal(0, 1, (D, B, C))
     cell_clip, proj_clip = 1.5, 0.7
-    want, want_h, want_c = numpy_lstm(W, b, W_p, x, mask, h0, c0, cell_clip, proj_clip)
+    want = [numpy_lstm(W[d], b[d], W_p[d], x[d], mask, h0[d], c0[d], cell_clip, proj_clip) for d in range(D)]
     # Both clips must be active somewhere, or this test would not test them.
-    assert np.isclose(np.abs(want).max(), proj_clip) and np.isclose(np.abs(want_c).max(), cell_clip)
+    for want_out, _, want_c in want:
+        assert np.isclose(np.abs(want_out).max(), proj_clip) and np.isclose(np.abs(want_c).max(), cell_clip)
     params = {"W_0": W, "B": b, "W_P_0": W_p}
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
     for unroll in (1, 4):
         out, h, c = jax.jit(lstm_layer, static_argnums=(5, 6, 7))(
             jax.tree.map(f32, params), f32(x), mask, f32(h0), f32(c0), cell_clip, proj_clip, unroll
         )
-        np.testing.assert_allclose(out, want, atol=1e-5)
-        np.testing.assert_allclose(h, want_h, atol=1e-5)
-        np.testing.assert_allclose(c, want_c, atol=1e-5)
-    assert (np.asarray(out)[~mask] == 0).all()
+        for d, (want_out, want_h, want_c) in enumerate(want):
+            np.testing.assert_allclose(out[d], want_out, atol=1e-5)
+            np.testing.assert_allclose(h[d], want_h, atol=1e-5)
+            np.testing.assert_allclose(c[d], want_c, atol=1e-5)
+    assert (np.asarray(out)[:, ~mask] == 0).all()
 
 
 def test_hand_written_gradient_equals_autodiff_of_the_scan():
     """The recurrence's custom VJP against JAX's own derivative of the same scan, with both
-    clips firing, masked steps and gradients flowing into the outputs and the final state."""
+    clips firing, masked steps (a gap and ends) and gradients flowing into the outputs and the
+    final state."""
     rng = np.random.default_rng(1)
-    T, B, C, P = 6, 3, 8, 4
+    D, B, T, C, P = 2, 3, 6, 8, 4
     f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
-    W_h, W_p, gates_x, h0, c0 = f32(P, 4 * C), f32(C, P), f32(T, B, 4 * C), f32(B, P), f32(B, C)
-    mask = np.ones((T, B, 1), bool)
-    mask[4:, 1] = False
-    mask[1:, 2] = False
-    weights = f32(T, B, P), f32(B, P), f32(B, C)
+    W_h, W_p, gates_x, h0, c0 = f32(D, P, 4 * C), f32(D, C, P), f32(D, B, T, 4 * C), f32(D, B, P), f32(D, B, C)
+    mask = np.ones((B, T), bool)
+    mask[1, 4:] = False
+    mask[2, 1:] = False
+    mask[0, 2:4] = False
+    weights = f32(D, B, T, P), f32(D, B, P), f32(D, B, C)
     clips = _Clips(cell=1.5, proj=0.7)
 
     def loss(recurrence):
@@ -71,7 +77,8 @@ def test_hand_written_gradient_equals_autodiff_of_the_scan():
         return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4)))
 
     def autodiff(*args):
-        return _scan(*args, clips, 1, "float32", residuals=False)
+        (h_raw,), h, c = _scan(*args, clips, 1, "float32", residuals=False)
+        return _outputs(h_raw, mask, clips), h, c
 
     out, _, c = autodiff(W_h, W_p, gates_x, mask, h0, c0)
     assert np.isclose(np.abs(out).max(), clips.proj) and np.isclose(np.abs(c).max(), clips.cell)

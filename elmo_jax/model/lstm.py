@@ -59,94 +59,136 @@ def _clip(x: jax.Array, value: float | None) -> jax.Array:
     return x if value is None else jnp.clip(x, -value, value)
 
 
+def _clip_grad(g: jax.Array, x: jax.Array, value: float | None) -> jax.Array:
+    return g if value is None else jnp.where(jnp.abs(x) < value, g, 0.0)
+
+
 class _Clips(NamedTuple):
     cell: float | None
     proj: float | None
 
 
-def _cell(h_BP, c_BC, gates_x_BG, W_h, W_proj, clips: _Clips, dtype: str):
-    """One LSTM step -> new h (B, P), new c (B, C) and what the backward pass needs: the gate
-    activations [sigmoid(i), tanh(j), sigmoid(f + 1), sigmoid(o)] (B, 4C), the unclipped cell
-    (B, C) and the unclipped projection (B, P)."""
-    i, j, f, o = jnp.split(gates_x_BG + matmul(h_BP, W_h, dtype), 4, axis=-1)
-    si, tj, sf, so = jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f + 1.0), jax.nn.sigmoid(o)
-    c_raw = sf * c_BC + si * tj
+def _gate_constants(C: int) -> tuple[np.ndarray, ...]:
+    """Per gate column (4C,): the four activations [sigmoid(i), tanh(j), sigmoid(f + 1),
+    sigmoid(o)] as one tanh, act = scale * tanh(slope * z + offset) + shift
+    (sigmoid(x) = tanh(x / 2) / 2 + 1 / 2)."""
+    is_tanh = np.arange(4 * C) // C == 1
+    slope = np.where(is_tanh, 1.0, 0.5).astype(np.float32)
+    offset = np.where(np.arange(4 * C) // C == 2, 0.5, 0.0).astype(np.float32)  # the forget bias +1
+    scale = slope
+    shift = np.where(is_tanh, 0.0, 0.5).astype(np.float32)
+    return slope, offset, scale, shift
+
+
+def _cell(h_DBP, c_DBC, gates_x_DBG, W_h, W_proj, clips: _Clips, dtype: str):
+    """One step of both directions (axis 0) -> new h, new c, the gate activations (D, B, 4C)
+    and the unclipped cell (D, B, C) and projection (D, B, P)."""
+    slope, offset, scale, shift = _gate_constants(c_DBC.shape[-1])
+    z = gates_x_DBG + einsum("dbp,dpg->dbg", h_DBP, W_h, dtype)
+    acts = scale * jnp.tanh(slope * z + offset) + shift
+    si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+    c_raw = sf * c_DBC + si * tj
     c_new = _clip(c_raw, clips.cell)
-    h_raw = matmul(so * jnp.tanh(c_new), W_proj, dtype)
-    return _clip(h_raw, clips.proj), c_new, (jnp.concatenate([si, tj, sf, so], axis=-1), c_raw, h_raw)
+    h_raw = einsum("dbc,dcp->dbp", so * jnp.tanh(c_new), W_proj, dtype)
+    return _clip(h_raw, clips.proj), c_new, acts, c_raw, h_raw
 
 
-def _scan(W_h, W_proj, gates_x_TBG, mask_TB1, h_BP, c_BC, clips, unroll, dtype, residuals):
-    """The recurrence over T steps -> outputs (T, B, P), final h, c and, with `residuals`, per
-    step: gate activations, unclipped cell and projection, and the h and c each step read."""
+def _at(x_DBTX: jax.Array, t) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(x_DBTX, t, axis=2, keepdims=False)
 
-    def step(carry, inputs):
-        h, c = carry
-        gates_x, m = inputs
-        h_new, c_new, saved = _cell(h, c, gates_x, W_h, W_proj, clips, dtype)
-        out = jnp.where(m, h_new, 0.0)
-        return (jnp.where(m, h_new, h), jnp.where(m, c_new, c)), ((out, saved, h, c) if residuals else out)
 
-    (h, c), ys = jax.lax.scan(step, (h_BP, c_BC), (gates_x_TBG, mask_TB1), unroll=unroll)
-    if residuals:
-        return (ys[0], h, c), ys[1:]
-    return ys, h, c
+def _put(buffer_DBTX: jax.Array, t, value_DBX: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_index_in_dim(buffer_DBTX, value_DBX, t, axis=2)
+
+
+def _step_mask(mask_BT: jax.Array, t) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(mask_BT, t, axis=1, keepdims=False)[None, :, None]
+
+
+def _scan(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals):
+    """The recurrence over T steps -> unclipped projections (D, B, T, P), final h and c, and
+    with `residuals` the gate activations (D, B, T, 4C) and unclipped cells (D, B, T, C).
+    The loop reads and writes time step t of batch-major arrays in place (no transposes)."""
+    D, B, T, G = gates_x_DBTG.shape
+    widths = (W_proj.shape[-1], G, G // 4) if residuals else (W_proj.shape[-1],)
+    buffers = tuple(jnp.zeros_like(gates_x_DBTG, shape=(D, B, T, n)) for n in widths)  # as varying as the inputs
+
+    def step(t, carry):
+        h, c, buffers = carry
+        h_new, c_new, acts, c_raw, h_raw = _cell(h, c, _at(gates_x_DBTG, t), W_h, W_proj, clips, dtype)
+        buffers = tuple(_put(buffer, t, x) for buffer, x in zip(buffers, (h_raw, acts, c_raw)))
+        m = _step_mask(mask_BT, t)
+        return jnp.where(m, h_new, h), jnp.where(m, c_new, c), buffers
+
+    h, c, buffers = jax.lax.fori_loop(0, T, step, (h_DBP, c_DBC, buffers), unroll=unroll)
+    return buffers, h, c
+
+
+def _outputs(h_raw_DBTP, mask_BT, clips):
+    return jnp.where(mask_BT[None, :, :, None], _clip(h_raw_DBTP, clips.proj), 0.0)
+
+
+def _state_before_each_step(new_DBTX, initial_DBX, mask_BT):
+    """The state each step read (D, B, T, X): the last earlier step's where it ran, else the
+    initial state."""
+    T = mask_BT.shape[1]
+    ran = jnp.where(mask_BT, jnp.arange(1, T + 1), 0)
+    last_ran = jnp.concatenate([jnp.zeros_like(ran[:, :1]), jax.lax.cummax(ran, axis=1)[:, :-1]], axis=1)  # 0: none
+    states = jnp.concatenate([initial_DBX[:, :, None], new_DBTX], axis=2)
+    return jnp.take_along_axis(states, last_ran[None, :, :, None], axis=2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _recurrence(W_h, W_proj, gates_x_TBG, mask_TB1, h_BP, c_BC, clips, unroll, dtype):
-    """Outputs (T, B, P), final h (B, P) and c (B, C) of the recurrence over the precomputed
-    input half of the gates (T, B, 4C) (bias included).
+def _recurrence(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
+    """Outputs (D, B, T, P), final h (D, B, P) and c (D, B, C) of the recurrence over the
+    precomputed input half of the gates (D, B, T, 4C) (bias included).
 
-    Differentiated by hand: the backward scan holds only the two matmuls that carry the
+    Differentiated by hand: the backward loop holds only the two matmuls that carry the
     gradient back in time; the weight gradients are summed over all T steps afterwards in one
     matmul each (JAX's scan transpose would add a small outer product into them at every step).
     """
-    return _scan(W_h, W_proj, gates_x_TBG, mask_TB1, h_BP, c_BC, clips, unroll, dtype, residuals=False)
+    (h_raw,), h, c = _scan(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=False)
+    return _outputs(h_raw, mask_BT, clips), h, c
 
 
-def _recurrence_fwd(W_h, W_proj, gates_x_TBG, mask_TB1, h_BP, c_BC, clips, unroll, dtype):
-    outputs, saved = _scan(W_h, W_proj, gates_x_TBG, mask_TB1, h_BP, c_BC, clips, unroll, dtype, residuals=True)
-    return outputs, (W_h, W_proj, mask_TB1, saved)
-
-
-def _clip_grad(g, x, value):
-    return g if value is None else jnp.where(jnp.abs(x) < value, g, 0.0)
+def _recurrence_fwd(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
+    (h_raw, acts, c_raw), h, c = _scan(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=True)
+    return (_outputs(h_raw, mask_BT, clips), h, c), (W_h, W_proj, mask_BT, h_DBP, c_DBC, h_raw, acts, c_raw)
 
 
 def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
-    W_h, W_proj, mask_TB1, ((acts_TBG, c_raw_TBC, h_raw_TBP), h_prev_TBP, c_prev_TBC) = residuals
-    d_out_TBP, d_h, d_c = cotangents
-    W_h_t, W_proj_t = W_h.T, W_proj.T
+    W_h, W_proj, mask_BT, h0, c0, h_raw_DBTP, acts_DBTG, c_raw_DBTC = residuals
+    d_out_DBTP, d_h, d_c = cotangents
+    slope, _, scale, shift = _gate_constants(c0.shape[-1])
+    W_h_t, W_proj_t = jnp.swapaxes(W_h, 1, 2), jnp.swapaxes(W_proj, 1, 2)
+    c_new_DBTC = _clip(c_raw_DBTC, clips.cell)
+    c_prev_DBTC = _state_before_each_step(c_new_DBTC, c0, mask_BT)
+    T = mask_BT.shape[1]
 
-    def step(carry, inputs):
-        d_h, d_c = carry  # with respect to the state after this step
-        d_out, m, acts, c_raw, h_raw, c_prev = inputs
+    def step(i, carry):
+        t = T - 1 - i
+        d_h, d_c, d_gates_DBTG, d_h_raw_DBTP = carry  # d_h, d_c: with respect to the state after step t
+        acts, c_raw, h_raw = _at(acts_DBTG, t), _at(c_raw_DBTC, t), _at(h_raw_DBTP, t)
+        m = _step_mask(mask_BT, t)
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-        d_h_raw = _clip_grad(jnp.where(m, d_out + d_h, 0.0), h_raw, clips.proj)
+        d_h_raw = _clip_grad(jnp.where(m, _at(d_out_DBTP, t) + d_h, 0.0), h_raw, clips.proj)
         tc = jnp.tanh(_clip(c_raw, clips.cell))
-        d_a = matmul(d_h_raw, W_proj_t, dtype)
+        d_a = einsum("dbp,dpc->dbc", d_h_raw, W_proj_t, dtype)
         d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_raw, clips.cell)
-        d_gates = jnp.concatenate(
-            [
-                d_c_raw * tj * si * (1.0 - si),
-                d_c_raw * si * (1.0 - tj * tj),
-                d_c_raw * c_prev * sf * (1.0 - sf),
-                d_a * tc * so * (1.0 - so),
-            ],
-            axis=-1,
-        )
-        d_h_prev = matmul(d_gates, W_h_t, dtype) + jnp.where(m, 0.0, d_h)
+        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at(c_prev_DBTC, t), d_a * tc], axis=-1)
+        tanh_of_acts = (acts - shift) / scale
+        d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
+        d_h_prev = einsum("dbg,dgp->dbp", d_gates, W_h_t, dtype) + jnp.where(m, 0.0, d_h)
         d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
-        return (d_h_prev, d_c_prev), (d_gates, d_h_raw)
+        return d_h_prev, d_c_prev, _put(d_gates_DBTG, t, d_gates), _put(d_h_raw_DBTP, t, d_h_raw)
 
-    inputs = (d_out_TBP, mask_TB1, acts_TBG, c_raw_TBC, h_raw_TBP, c_prev_TBC)
-    (d_h0, d_c0), (d_gates_TBG, d_h_raw_TBP) = jax.lax.scan(step, (d_h, d_c), inputs, reverse=True, unroll=unroll)
-    so_TBC = jnp.split(acts_TBG, 4, axis=-1)[3]
-    a_TBC = so_TBC * jnp.tanh(_clip(c_raw_TBC, clips.cell))
-    d_W_h = einsum("tbp,tbg->pg", h_prev_TBP, d_gates_TBG, dtype)
-    d_W_proj = einsum("tbc,tbp->cp", a_TBC, d_h_raw_TBP, dtype)
-    return d_W_h, d_W_proj, d_gates_TBG, None, d_h0, d_c0
+    buffers = (jnp.zeros_like(acts_DBTG), jnp.zeros_like(h_raw_DBTP))
+    d_h0, d_c0, d_gates_DBTG, d_h_raw_DBTP = jax.lax.fori_loop(0, T, step, (d_h, d_c, *buffers), unroll=unroll)
+    h_prev_DBTP = _state_before_each_step(_clip(h_raw_DBTP, clips.proj), h0, mask_BT)
+    a_DBTC = jnp.split(acts_DBTG, 4, axis=-1)[3] * jnp.tanh(c_new_DBTC)
+    d_W_h = einsum("dbtp,dbtg->dpg", h_prev_DBTP, d_gates_DBTG, dtype)
+    d_W_proj = einsum("dbtc,dbtp->dcp", a_DBTC, d_h_raw_DBTP, dtype)
+    return d_W_h, d_W_proj, d_gates_DBTG, None, d_h0, d_c0
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -154,27 +196,26 @@ _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 def lstm_layer(
     params: Params,
-    x_BTI: jax.Array,
+    x_DBTI: jax.Array,
     mask_BT: jax.Array,
-    h_BP: jax.Array,
-    c_BC: jax.Array,
+    h_DBP: jax.Array,
+    c_DBC: jax.Array,
     cell_clip: float | None,
     proj_clip: float | None,
     unroll: int = 1,
     dtype: str = "float32",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One direction of one layer (params without the direction axis); matmuls in `dtype`.
+    """One layer of D directions (params stacked on axis 0, inputs (D, B, T, I)); matmuls in
+    `dtype`.
 
-    Returns outputs (B, T, P) (0 where mask is False), final h (B, P) and c (B, C); masked
-    positions leave the state unchanged.
+    Returns outputs (D, B, T, P) (0 where mask is False), final h (D, B, P) and c (D, B, C);
+    masked positions leave the state unchanged.
     """
     W, b = params["W_0"], params["B"]
-    n_in = x_BTI.shape[-1]
-    gates_x_TBG = einsum("bti,ig->tbg", x_BTI, W[:n_in], dtype) + b
-    mask_TB1 = jnp.swapaxes(mask_BT, 0, 1)[:, :, None]
+    n_in = x_DBTI.shape[-1]
+    gates_x_DBTG = einsum("dbti,dig->dbtg", x_DBTI, W[:, :n_in], dtype) + b[:, None, None]
     clips = _Clips(cell_clip, proj_clip)
-    out_TBP, h, c = _recurrence(W[n_in:], params["W_P_0"], gates_x_TBG, mask_TB1, h_BP, c_BC, clips, unroll, dtype)
-    return jnp.swapaxes(out_TBP, 0, 1), h, c
+    return _recurrence(W[:, n_in:], params["W_P_0"], gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype)
 
 
 def lstm_stacks(
@@ -195,16 +236,16 @@ def lstm_stacks(
     dropped-out input. Outputs are 0 where mask is False.
     """
     cfg = config.lstm
-    layer_fn = jax.vmap(
-        lambda p, x, h, c: lstm_layer(p, x, mask_BT, h, c, cfg.cell_clip, cfg.proj_clip, unroll, config.compute_dtype)
-    )
     keep = mask_BT[None, :, :, None]
     outputs, hs, cs = [], [], []
     layer_in = x_2BTP
     for layer in range(cfg.n_layers):
         if keep_masks is not None:
             layer_in = apply_dropout(keep_masks[layer], layer_in, dropout)
-        out, h, c = layer_fn(params[f"layer_{layer}"], layer_in, state.h[:, layer], state.c[:, layer])
+        out, h, c = lstm_layer(
+            params[f"layer_{layer}"], layer_in, mask_BT, state.h[:, layer], state.c[:, layer],
+            cfg.cell_clip, cfg.proj_clip, unroll, config.compute_dtype,
+        )
         if cfg.use_skip_connections and layer > 0:
             out = jnp.where(keep, out + layer_in, 0.0)
         outputs.append(out)
