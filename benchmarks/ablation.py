@@ -26,6 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from elmo_jax.config import ModelConfig, TrainHParams  # noqa: E402
+from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.lstm import LSTMState, lstm_stacks  # noqa: E402
 from elmo_jax.model.softmax import sampled_softmax_ce  # noqa: E402
 from elmo_jax.model.token_encoder import encode_tokens  # noqa: E402
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--per-device-batch", type=int, default=None)
     parser.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     args = parser.parse_args()
+    keep_freed_memory()
     options, V, S, default_batch = CONFIGS[args.config]
     B, T = args.per_device_batch or default_batch, 20
     config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype])

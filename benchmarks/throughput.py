@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams, bilm_options  # noqa: E402
+from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.bilm import bilm_layers, init_params  # noqa: E402
 from elmo_jax.model.lstm import LSTMState  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
@@ -104,7 +105,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
+    parser.add_argument("--release-freed-memory", action="store_true", help="leave glibc malloc as it is (launch.py keeps freed memory)")
     args = parser.parse_args()
+    if not args.release_freed_memory:
+        keep_freed_memory()
 
     options, vocab_size, negatives, default_batch = CONFIGS[args.config]
     B, T = args.per_device_batch or default_batch, args.unroll_steps
@@ -163,6 +167,7 @@ def main() -> None:
         "mode": args.mode,
         "dtype": args.dtype,
         "scan_unroll": args.scan_unroll,
+        "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,
         "tokens_per_sec": tokens_per_sec,

@@ -17,6 +17,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from elmo_jax.host_memory import keep_freed_memory
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/NAME.py); override fields with --config.a.b=value.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
@@ -148,6 +150,7 @@ COMMANDS = {"vocab": cmd_vocab, "train": cmd_train, "eval": cmd_eval, "import": 
 
 def main(argv: list[str]) -> None:
     _setup_logging()
+    keep_freed_memory()
     if len(argv) != 2 or argv[1] not in COMMANDS:
         sys.exit(f"usage: launch.py COMMAND [--flags]; COMMAND is one of: {', '.join(COMMANDS)}")
     if FLAGS.coordinator is not None:

@@ -1,5 +1,6 @@
 """Shared test set-up: JAX on CPU with 8 devices (to test sharding; code that should use one
-sets config.train.devices = 1), full float32 matmuls, a persistent compile cache, and the
+sets config.train.devices = 1), full float32 matmuls, a persistent compile cache, freed host
+memory kept in the process (elmo_jax/host_memory.py, as launch.py does), and the
 location of the shared fixtures (ELMO_JAX_FIXTURES, default ../shared/fixtures).
 
 Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
@@ -11,6 +12,10 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as launch.py does; before JAX starts its threads
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
