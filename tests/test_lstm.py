@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.model.lstm import _Clips, _outputs, _recurrence, _scan, lstm_layer
+from elmo_jax.model.lstm import _Clips, _forward, _recurrence, lstm_layer
 
 
 def sigmoid(x):
@@ -55,13 +55,14 @@ def test_lstm_layer_matches_numpy_with_both_clips_firing():
 
 
 def test_hand_written_gradient_equals_autodiff_of_the_scan():
-    """The recurrence's custom VJP against JAX's own derivative of the same scan, with both
+    """A layer's custom VJP against JAX's own derivative of the same forward pass, with both
     clips firing, masked steps (a gap and ends) and gradients flowing into the outputs and the
     final state."""
     rng = np.random.default_rng(1)
-    D, B, T, C, P = 2, 3, 6, 8, 4
+    D, B, T, I, C, P = 2, 3, 6, 5, 8, 4
     f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
-    W_h, W_p, gates_x, h0, c0 = f32(D, P, 4 * C), f32(D, C, P), f32(D, B, T, 4 * C), f32(D, B, P), f32(D, B, C)
+    args = f32(D, I + P, 4 * C), f32(D, 4 * C), f32(D, C, P), f32(D, B, T, I)
+    h0, c0 = f32(D, B, P), f32(D, B, C)
     mask = np.ones((B, T), bool)
     mask[1, 4:] = False
     mask[2, 1:] = False
@@ -69,21 +70,20 @@ def test_hand_written_gradient_equals_autodiff_of_the_scan():
     weights = f32(D, B, T, P), f32(D, B, P), f32(D, B, C)
     clips = _Clips(cell=1.5, proj=0.7)
 
-    def loss(recurrence):
-        def f(W_h, W_p, gates_x, h0, c0):
-            out, h, c = recurrence(W_h, W_p, gates_x, mask, h0, c0)
+    def loss(layer):
+        def f(W_0, b, W_p, x, h0, c0):
+            out, h, c = layer(W_0, b, W_p, x, mask, h0, c0)
             return sum(jnp.sum(w * y) for w, y in zip(weights, (out, h, c)))
 
-        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4)))
+        return jax.jit(jax.grad(f, argnums=tuple(range(6))))
 
     def autodiff(*args):
-        (h_raw,), h, c = _scan(*args, clips, 1, "float32", residuals=False)
-        return _outputs(h_raw, mask, clips), h, c
+        return _forward(*args, clips, 1, "float32", residuals=False)[0]
 
-    out, _, c = autodiff(W_h, W_p, gates_x, mask, h0, c0)
+    out, _, c = autodiff(*args, mask, h0, c0)
     assert np.isclose(np.abs(out).max(), clips.proj) and np.isclose(np.abs(c).max(), clips.cell)
-    want = loss(autodiff)(W_h, W_p, gates_x, h0, c0)
-    got = loss(lambda *args: _recurrence(*args, clips, 1, "float32"))(W_h, W_p, gates_x, h0, c0)
-    for name, g, w in zip(["W_h", "W_proj", "gates_x", "h0", "c0"], got, want):
+    want = loss(autodiff)(*args, h0, c0)
+    got = loss(lambda *args: _recurrence(*args, clips, 1, "float32"))(*args, h0, c0)
+    for name, g, w in zip(["W_0", "B", "W_P_0", "x", "h0", "c0"], got, want):
         assert np.abs(w).max() > 0.1, name
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.model.matmul import einsum, matmul
+from elmo_jax.model.matmul import einsum
 
 Params = dict
 
@@ -138,29 +138,39 @@ def _state_before_each_step(new_DBTX, initial_DBX, mask_BT):
     return jnp.take_along_axis(states, last_ran[None, :, :, None], axis=2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _recurrence(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
-    """Outputs (D, B, T, P), final h (D, B, P) and c (D, B, C) of the recurrence over the
-    precomputed input half of the gates (D, B, T, 4C) (bias included).
+def _forward(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals):
+    """-> (outputs (D, B, T, P), final h, final c) and what _scan saved. The input half of the
+    gate matmul runs for all T steps in one matmul before the loop."""
+    n_in = x_DBTI.shape[-1]
+    gates_x_DBTG = einsum("dbti,dig->dbtg", x_DBTI, W_0[:, :n_in], dtype) + b[:, None, None]
+    saved, h, c = _scan(W_0[:, n_in:], W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals)
+    return (_outputs(saved[0], mask_BT, clips), h, c), saved
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _recurrence(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
+    """One layer: outputs (D, B, T, P), final h (D, B, P) and c (D, B, C).
 
     Differentiated by hand: the backward loop holds only the two matmuls that carry the
-    gradient back in time; the weight gradients are summed over all T steps afterwards in one
-    matmul each (JAX's scan transpose would add a small outer product into them at every step).
+    gradient back in time; the gradient of W_0 (input and recurrent rows together) is one
+    matmul over all T steps afterwards, and so is W_proj's (JAX's scan transpose would add a
+    small outer product into them at every step).
     """
-    (h_raw,), h, c = _scan(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=False)
-    return _outputs(h_raw, mask_BT, clips), h, c
+    return _forward(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=False)[0]
 
 
-def _recurrence_fwd(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
-    (h_raw, acts, c_raw), h, c = _scan(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=True)
-    return (_outputs(h_raw, mask_BT, clips), h, c), (W_h, W_proj, mask_BT, h_DBP, c_DBC, h_raw, acts, c_raw)
+def _recurrence_fwd(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
+    outputs, saved = _forward(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=True)
+    return outputs, (W_0, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, *saved)
 
 
 def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
-    W_h, W_proj, mask_BT, h0, c0, h_raw_DBTP, acts_DBTG, c_raw_DBTC = residuals
+    W_0, W_proj, x_DBTI, mask_BT, h0, c0, h_raw_DBTP, acts_DBTG, c_raw_DBTC = residuals
     d_out_DBTP, d_h, d_c = cotangents
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
-    W_h_t, W_proj_t = jnp.swapaxes(W_h, 1, 2), jnp.swapaxes(W_proj, 1, 2)
+    n_in = x_DBTI.shape[-1]
+    W_0_t, W_proj_t = jnp.swapaxes(W_0, 1, 2), jnp.swapaxes(W_proj, 1, 2)
+    W_x_t, W_h_t = W_0_t[:, :, :n_in], W_0_t[:, :, n_in:]
     c_new_DBTC = _clip(c_raw_DBTC, clips.cell)
     c_prev_DBTC = _state_before_each_step(c_new_DBTC, c0, mask_BT)
     T = mask_BT.shape[1]
@@ -186,9 +196,10 @@ def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
     d_h0, d_c0, d_gates_DBTG, d_h_raw_DBTP = jax.lax.fori_loop(0, T, step, (d_h, d_c, *buffers), unroll=unroll)
     h_prev_DBTP = _state_before_each_step(_clip(h_raw_DBTP, clips.proj), h0, mask_BT)
     a_DBTC = jnp.split(acts_DBTG, 4, axis=-1)[3] * jnp.tanh(c_new_DBTC)
-    d_W_h = einsum("dbtp,dbtg->dpg", h_prev_DBTP, d_gates_DBTG, dtype)
+    d_W_0 = einsum("dbtk,dbtg->dkg", jnp.concatenate([x_DBTI, h_prev_DBTP], axis=-1), d_gates_DBTG, dtype)
     d_W_proj = einsum("dbtc,dbtp->dcp", a_DBTC, d_h_raw_DBTP, dtype)
-    return d_W_h, d_W_proj, d_gates_DBTG, None, d_h0, d_c0
+    d_x = einsum("dbtg,dgi->dbti", d_gates_DBTG, W_x_t, dtype)
+    return d_W_0, d_gates_DBTG.sum(axis=(1, 2)), d_W_proj, d_x, None, d_h0, d_c0
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -211,11 +222,8 @@ def lstm_layer(
     Returns outputs (D, B, T, P) (0 where mask is False), final h (D, B, P) and c (D, B, C);
     masked positions leave the state unchanged.
     """
-    W, b = params["W_0"], params["B"]
-    n_in = x_DBTI.shape[-1]
-    gates_x_DBTG = einsum("dbti,dig->dbtg", x_DBTI, W[:, :n_in], dtype) + b[:, None, None]
     clips = _Clips(cell_clip, proj_clip)
-    return _recurrence(W[:, n_in:], params["W_P_0"], gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype)
+    return _recurrence(params["W_0"], params["B"], params["W_P_0"], x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype)
 
 
 def lstm_stacks(
