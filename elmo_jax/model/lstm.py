@@ -197,7 +197,8 @@ def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
     h_prev_DBTP = _state_before_each_step(_clip(h_raw_DBTP, clips.proj), h0, mask_BT)
     a_DBTC = jnp.split(acts_DBTG, 4, axis=-1)[3] * jnp.tanh(c_new_DBTC)
     d_W_0 = einsum("dbtk,dbtg->dkg", jnp.concatenate([x_DBTI, h_prev_DBTP], axis=-1), d_gates_DBTG, dtype)
-    d_W_proj = einsum("dbtc,dbtp->dcp", a_DBTC, d_h_raw_DBTP, dtype)
+    # Transposed, so that XLA lays out the narrow d_h_raw (P wide) for the matmul, not a (C wide).
+    d_W_proj = jnp.swapaxes(einsum("dbtp,dbtc->dpc", d_h_raw_DBTP, a_DBTC, dtype), 1, 2)
     d_x = einsum("dbtg,dgi->dbti", d_gates_DBTG, W_x_t, dtype)
     return d_W_0, d_gates_DBTG.sum(axis=(1, 2)), d_W_proj, d_x, None, d_h0, d_c0
 
