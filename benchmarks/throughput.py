@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
-    parser.add_argument("--release-freed-memory", action="store_true", help="leave glibc malloc as it is (launch.py keeps freed memory)")
+    parser.add_argument("--release-freed-memory", action="store_true", help="leave JAX's CPU dispatch and glibc malloc as they are (launch.py keeps freed memory)")
     args = parser.parse_args()
     if not args.release_freed_memory:
         keep_freed_memory()

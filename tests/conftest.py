@@ -15,7 +15,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 
-keep_freed_memory()  # as launch.py does; before JAX starts its threads
+keep_freed_memory()  # as launch.py does
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

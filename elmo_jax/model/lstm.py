@@ -4,9 +4,9 @@ directions at once.
 Layer params hold both directions stacked on axis 0 (0 forward, 1 backward), in bilm-tf's
 layout: `W_0` (2, I + P, 4C) with rows [input; h_prev] and gate blocks i, j, f, o; `B` (2, 4C)
 without the +1 forget bias; `W_P_0` (2, C, P). The input half of the gate matmul runs for all
-T steps in one matmul before the scan; the scan body holds the recurrent matmul and the
-projection only.
-"""
+T steps in one matmul before the time loop; the loop body holds the recurrent matmul and the
+projection of both directions (batched matmuls), and its gradient is written by hand
+(`_recurrence`)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def _gate_constants(C: int) -> tuple[np.ndarray, ...]:
     is_tanh = np.arange(4 * C) // C == 1
     slope = np.where(is_tanh, 1.0, 0.5).astype(np.float32)
     offset = np.where(np.arange(4 * C) // C == 2, 0.5, 0.0).astype(np.float32)  # the forget bias +1
-    scale = slope
+    scale = slope  # 1/2 for the sigmoids (tanh(x / 2) / 2 + 1 / 2), 1 for tanh(j)
     shift = np.where(is_tanh, 0.0, 0.5).astype(np.float32)
     return slope, offset, scale, shift
 
