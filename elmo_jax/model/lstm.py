@@ -173,6 +173,7 @@ def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
     W_x_t, W_h_t = W_0_t[:, :, :n_in], W_0_t[:, :, n_in:]
     c_new_DBTC = _clip(c_raw_DBTC, clips.cell)
     c_prev_DBTC = _state_before_each_step(c_new_DBTC, c0, mask_BT)
+    tanh_c_DBTC = jnp.tanh(c_new_DBTC)  # read by the loop and by W_proj's gradient
     T = mask_BT.shape[1]
 
     def step(i, carry):
@@ -182,7 +183,7 @@ def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
         m = _step_mask(mask_BT, t)
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         d_h_raw = _clip_grad(jnp.where(m, _at(d_out_DBTP, t) + d_h, 0.0), h_raw, clips.proj)
-        tc = jnp.tanh(_clip(c_raw, clips.cell))
+        tc = _at(tanh_c_DBTC, t)
         d_a = einsum("dbp,dpc->dbc", d_h_raw, W_proj_t, dtype)
         d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_raw, clips.cell)
         d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at(c_prev_DBTC, t), d_a * tc], axis=-1)
@@ -195,7 +196,7 @@ def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
     buffers = (jnp.zeros_like(acts_DBTG), jnp.zeros_like(h_raw_DBTP))
     d_h0, d_c0, d_gates_DBTG, d_h_raw_DBTP = jax.lax.fori_loop(0, T, step, (d_h, d_c, *buffers), unroll=unroll)
     h_prev_DBTP = _state_before_each_step(_clip(h_raw_DBTP, clips.proj), h0, mask_BT)
-    a_DBTC = jnp.split(acts_DBTG, 4, axis=-1)[3] * jnp.tanh(c_new_DBTC)
+    a_DBTC = jnp.split(acts_DBTG, 4, axis=-1)[3] * tanh_c_DBTC
     d_W_0 = einsum("dbtk,dbtg->dkg", jnp.concatenate([x_DBTI, h_prev_DBTP], axis=-1), d_gates_DBTG, dtype)
     # Transposed, so that XLA lays out the narrow d_h_raw (P wide) for the matmul, not a (C wide).
     d_W_proj = jnp.swapaxes(einsum("dbtp,dbtc->dpc", d_h_raw_DBTP, a_DBTC, dtype), 1, 2)
