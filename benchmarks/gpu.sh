@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU run (about 8 minutes on one H200): train-step throughput of the published
 # sizes in float32 and bfloat16 and the embedding forward, one process per measurement, each line of
-# results appended to $OUT/throughput.jsonl (or ./throughput.jsonl). Runs from the repository
+# results appended to $OUT/throughput.jsonl (or ./throughput.jsonl), and the LSTM loop's per-step
+# floor (benchmarks/recurrence.py) to $OUT/recurrence.jsonl. Runs from the repository
 # root with the machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
 set -u
 out="${OUT:-.}/throughput.jsonl"
@@ -24,3 +25,7 @@ for dtype in bf16 f32; do
 done
 run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=2
 run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=5
+# The latency floor of the LSTM time loop (recurrent matmul + tanh per step, f32).
+for batch in 128 512; do
+  timeout 60 python3 benchmarks/recurrence.py --config=original --per-device-batch=$batch 2>&1 | tail -1 >> "${OUT:-.}/recurrence.jsonl"
+done

@@ -1,0 +1,83 @@
+"""The floor of the LSTM time loop: one step's recurrent matmul and gate tanh, timed in a loop.
+
+    python benchmarks/recurrence.py [--config=cpu_peer] [--per-device-batch=N] [--steps=200]
+    taskset -c 0 python benchmarks/recurrence.py    # the same on one core (Linux)
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python benchmarks/recurrence.py
+
+Each loop step depends on the last (as in the LSTM), so this is the latency-bound part of a
+train step: h (D, B, P) @ W_h (D, P, 4C), then tanh, for D = 2 directions batched into one
+matmul, for one direction, and (with 2 or more devices) the two directions on two devices, one
+each. Prints microseconds per step and the matmul's FLOP rate over the step time; the last line
+is JSON. On this CPU one direction costs half of two and one core is as fast as two (XLA runs
+these matmuls on one thread and nothing beside them), while two CPU devices run one direction
+each in the time of one (see docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+from elmo_jax.config import ModelConfig  # noqa: E402
+from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
+from throughput import CONFIGS  # noqa: E402
+
+
+def loop_step_seconds(directions: int, B: int, P: int, G: int, steps: int, devices: int = 1, reps: int = 10) -> float:
+    """Median seconds per step of `steps` dependent steps h <- tanh(h @ W)[..., :P], the
+    directions split over `devices` devices."""
+    k_h, k_w = jax.random.split(jax.random.key(0))
+    h = 0.1 * jax.random.normal(k_h, (directions, B, P))
+    W = 0.05 * jax.random.normal(k_w, (directions, P, G))
+
+    def loop(h, W):
+        return jax.lax.fori_loop(0, steps, lambda i, h: jnp.tanh(jnp.einsum("dbp,dpg->dbg", h, W))[..., :P], h)
+
+    if devices > 1:
+        mesh = Mesh(np.array(jax.devices()[:devices]), ("direction",))
+        h, W = (jax.device_put(x, NamedSharding(mesh, PartitionSpec("direction"))) for x in (h, W))
+        loop = jax.shard_map(loop, mesh=mesh, in_specs=PartitionSpec("direction"), out_specs=PartitionSpec("direction"))
+    run = jax.jit(loop)
+    jax.block_until_ready(run(h, W))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(run(h, W))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
+    parser.add_argument("--per-device-batch", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    keep_freed_memory()
+    options, _, _, default_batch = CONFIGS[args.config]
+    lstm = ModelConfig.from_options(options).lstm
+    B, P, G = args.per_device_batch or default_batch, lstm.projection_dim, 4 * lstm.dim
+    result = {"config": args.config, "device": jax.devices()[0].device_kind, "cpu_affinity": len(os.sched_getaffinity(0)), "per_device_batch": B}
+    cases = [(2, 1), (1, 1)] + ([(2, 2)] if jax.device_count() >= 2 else [])
+    for directions, devices in cases:
+        seconds = loop_step_seconds(directions, B, P, G, args.steps, devices)
+        gflops = 2 * directions * B * P * G / seconds / 1e9
+        print(f"{args.config} B={B}, {directions} direction(s) on {devices} device(s): {1e6 * seconds:.1f} us per step, matmul {gflops:.0f} GFLOP/s")
+        result[f"us_per_step_{directions}_directions_{devices}_devices"] = 1e6 * seconds
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
