@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
+import time
 from pathlib import Path
 
 import h5py
@@ -28,6 +30,7 @@ from elmo_jax.text.sources import read_lines
 from elmo_jax.train.metrics import ProgressBar
 
 LAYER_MODES = ("all", "top", "average")
+log = logging.getLogger(__name__)
 
 
 def length_bucket(n: int) -> int:
@@ -101,7 +104,8 @@ def embed_file(
     """One whitespace-tokenized sentence a line -> HDF5 as `allennlp elmo` writes it: dataset
     "i" for line i, (L + 1, n, 2P) for `all` or (n, 2P) for `top` / `average`, plus
     `sentence_to_index`. Lines are read in chunks and, unless stateful, sorted by length within
-    a chunk for speed; results are written in input order. Returns the number of lines."""
+    a chunk for speed; results are written in input order. Logs sentences/s and tokens/s;
+    returns the number of lines."""
     if layers not in LAYER_MODES:
         raise ValueError(f"unknown --layers {layers!r}; expected one of {LAYER_MODES}")
     input_path = Path(input_path)
@@ -114,7 +118,8 @@ def embed_file(
     empty_shape = (L1, 0, width) if layers == "all" else (0, width)
     sentence_to_index: dict[str, str] = {}
     bar = ProgressBar(total, unit="lines")
-    done = 0
+    done = n_tokens = 0
+    start = time.monotonic()
     with h5py.File(output_path, "w") as out:
         lines = read_lines(input_path)
         while True:
@@ -133,8 +138,11 @@ def embed_file(
                 for (index, _, _), vectors in zip(batch, embedder([c[1] for c in batch])):
                     out.create_dataset(str(index), data=_select(vectors, layers))
             done += len(chunk)
-            bar.update(done)
+            n_tokens += sum(len(c[1]) for c in chunk)
+            bar.update(done, suffix=f"{n_tokens / (time.monotonic() - start):,.0f} tokens/s")
         bar.clear()
         out.create_dataset("sentence_to_index", data=[json.dumps(sentence_to_index)], dtype=h5py.string_dtype())
+    seconds = max(time.monotonic() - start, 1e-9)
+    log.info("%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s", done, n_tokens, seconds, done / seconds, n_tokens / seconds)
     return done
 
