@@ -2,7 +2,7 @@
 # One prepared GPU run (about 8 minutes on one H200): train-step throughput of the published
 # sizes in float32 and bfloat16 and the embedding forward, one process per measurement, each line of
 # results appended to $OUT/throughput.jsonl (or ./throughput.jsonl), and the LSTM loop's per-step
-# floor (benchmarks/recurrence.py) to $OUT/recurrence.jsonl. Runs from the repository
+# floor (benchmarks/recurrence.py) to $OUT/recurrence.txt. Runs from the repository
 # root with the machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
 set -u
 out="${OUT:-.}/throughput.jsonl"
@@ -26,6 +26,4 @@ done
 run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=2
 run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=5
 # The latency floor of the LSTM time loop (recurrent matmul + tanh per step, f32).
-for batch in 128 512; do
-  timeout 60 python3 benchmarks/recurrence.py --config=original --per-device-batch=$batch 2>&1 | tail -1 >> "${OUT:-.}/recurrence.jsonl"
-done
+timeout 60 python3 benchmarks/recurrence.py --config=original --per-device-batch=256 2>&1 | tail -3 | tee -a "${OUT:-.}/recurrence.txt"
