@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+import time
 
 import h5py
 import jax
@@ -100,9 +101,12 @@ def test_embed_file_layout_order_and_bad_bytes(tmp_path, elmo_fixture, caplog):
             tokens = line.decode("utf-8", errors="replace").split()
             if tokens:
                 np.testing.assert_allclose(f[str(i)][...], embedder([tokens])[0], atol=1e-5)
+    began = time.monotonic()
     with caplog.at_level(logging.INFO, logger="elmo_jax.embed"):
         embed_file(model, src, tmp_path / "top.hdf5", "top", batch_size=2)
-    assert re.search(r"5 sentences, 17 tokens in [\d.]+ s: [\d.]+ sentences/s, \d+ tokens/s", caplog.text)
+    took = time.monotonic() - began
+    reported = re.search(r"5 sentences, 17 tokens in ([\d.]+) s: ([\d.]+) sentences/s, \d+ tokens/s", caplog.text)
+    assert reported and float(reported[1]) <= took + 0.1 and float(reported[2]) >= 5 / took - 0.1
     embed_file(model, src, tmp_path / "avg.hdf5", "average", batch_size=2)
     with h5py.File(tmp_path / "all.hdf5") as a, h5py.File(tmp_path / "top.hdf5") as t, h5py.File(tmp_path / "avg.hdf5") as m:
         np.testing.assert_allclose(t["2"][...], a["2"][-1], atol=1e-6)
