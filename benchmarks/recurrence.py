@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
@@ -32,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from elmo_jax.config import ModelConfig  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
+from ablation import timed  # noqa: E402
 from throughput import CONFIGS  # noqa: E402
 
 
@@ -53,14 +52,7 @@ def loop_step_seconds(directions: int, B: int, P: int, G: int, steps: int, devic
         mesh = Mesh(np.array(jax.devices()[:devices]), ("direction",))
         h, W = (jax.device_put(x, NamedSharding(mesh, PartitionSpec("direction"))) for x in (h, W))
         loop = jax.shard_map(loop, mesh=mesh, in_specs=PartitionSpec("direction"), out_specs=PartitionSpec("direction"))
-    run = jax.jit(loop)
-    jax.block_until_ready(run(h, W))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(h, W))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) / steps
+    return timed(jax.jit(loop), h, W, reps=reps) / steps
 
 
 def main() -> None:
