@@ -13,7 +13,6 @@ import functools
 import itertools
 import json
 import logging
-import time
 from pathlib import Path
 
 import h5py
@@ -119,7 +118,6 @@ def embed_file(
     sentence_to_index: dict[str, str] = {}
     bar = ProgressBar(total, unit="lines")
     done = n_tokens = 0
-    began = time.monotonic()
     with h5py.File(output_path, "w") as out:
         lines = read_lines(input_path)
         while True:
@@ -139,10 +137,10 @@ def embed_file(
                     out.create_dataset(str(index), data=_select(vectors, layers))
             done += len(chunk)
             n_tokens += sum(len(c[1]) for c in chunk)
-            bar.update(done, suffix=f"{n_tokens / (time.monotonic() - began):,.0f} tokens/s")
+            bar.update(done, suffix=f"{n_tokens / bar.elapsed():,.0f} tokens/s")
         bar.clear()
         out.create_dataset("sentence_to_index", data=[json.dumps(sentence_to_index)], dtype=h5py.string_dtype())
-    seconds = max(time.monotonic() - began, 1e-9)
+    seconds = bar.elapsed()
     log.info("%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s", done, n_tokens, seconds, done / seconds, n_tokens / seconds)
     return done
 

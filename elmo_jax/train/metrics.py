@@ -60,13 +60,17 @@ class ProgressBar:
         if not self.enabled or (now - self.last_draw < 0.2 and done < self.total):
             return
         self.last_draw = now
-        rate = (done - first) / max(now - self.start, 1e-9)
+        rate = (done - first) / self.elapsed()
         eta = (self.total - done) / rate if rate > 0 else 0.0
         width = 30
         filled = int(width * done / max(self.total, 1))
         bar = "#" * filled + "." * (width - filled)
         sys.stdout.write(f"\r[{bar}] {done}/{self.total} {rate:.1f} {self.unit}/s ETA {format_duration(eta)} {suffix}\033[K")
         sys.stdout.flush()
+
+    def elapsed(self) -> float:
+        """Seconds since `start` (more than 0)."""
+        return max(time.monotonic() - self.start, 1e-9)
 
     def clear(self) -> None:
         if self.enabled:
