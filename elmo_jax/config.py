@@ -15,6 +15,10 @@ from typing import Any
 
 ACTIVATIONS = ("relu", "tanh")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
+# slots (ELMO_SPEC.md section 2). bilm-tf's training files say 261 (the same rows without row 0).
+N_CHARACTERS = 262
+BILM_TF_TRAINING_N_CHARACTERS = 261
 
 @dataclasses.dataclass(frozen=True)
 class LSTMConfig:
@@ -30,7 +34,8 @@ class LSTMConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CharCNNConfig:
-    """`options.json["char_cnn"]`: D = embedding_dim, filters = ((width, count), ...)."""
+    """`options.json["char_cnn"]`: D = embedding_dim, filters = ((width, count), ...);
+    n_characters is always N_CHARACTERS (from_options maps bilm-tf's training value 261)."""
 
     embedding_dim: int
     filters: tuple[tuple[int, int], ...]
@@ -60,7 +65,9 @@ class ModelConfig:
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
-        """Reads the `lstm` and `char_cnn` parts of an options.json dict; extra keys are ignored."""
+        """Reads the `lstm` and `char_cnn` parts of an options.json dict; extra keys are ignored.
+        `n_characters` 261 (bilm-tf's training files: raw ids, no padding row) is read as the
+        262-row layout, whose row 0 is the zero padding row and rows 1..261 are its rows."""
 
         def field(section: dict, key: str, where: str, default: Any = ...) -> Any:
             if key not in section:
@@ -94,7 +101,7 @@ class ModelConfig:
                 embedding_dim=int(cnn["embedding"]["dim"]),
                 filters=tuple((int(w), int(n)) for w, n in field(cnn, "filters", "char_cnn")),
                 n_highway=int(field(cnn, "n_highway", "char_cnn")),
-                n_characters=int(field(cnn, "n_characters", "char_cnn")),
+                n_characters=_n_characters(field(cnn, "n_characters", "char_cnn"), source),
                 max_characters_per_token=int(field(cnn, "max_characters_per_token", "char_cnn")),
                 activation=activation,
             ),
@@ -123,9 +130,9 @@ class ModelConfig:
                 )
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
-        if self.char_cnn.n_characters < 261:
+        if self.char_cnn.n_characters != N_CHARACTERS:
             raise ValueError(
-                f"{source}: char_cnn.n_characters must be 261 or 262, got {self.char_cnn.n_characters}"
+                f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}"
             )
 
     def to_options(self) -> dict[str, Any]:
@@ -169,6 +176,16 @@ class ModelConfig:
         return _dict_differences(self.to_options(), other.to_options())
 
 
+def _n_characters(value: Any, source: str) -> int:
+    """options.json's n_characters -> N_CHARACTERS; 261 (bilm-tf training) maps to it."""
+    if value not in (BILM_TF_TRAINING_N_CHARACTERS, N_CHARACTERS) or isinstance(value, bool):
+        raise ValueError(
+            f"{source}: char_cnn.n_characters must be {N_CHARACTERS} (or {BILM_TF_TRAINING_N_CHARACTERS}, "
+            f"bilm-tf's training value for the same table without its zero padding row), got {value!r}"
+        )
+    return N_CHARACTERS
+
+
 def _dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(a) | set(b)):
@@ -189,6 +206,7 @@ class TrainHParams:
     unroll_steps: int = 20  # window T
     n_tokens_vocab: int = 793_471  # softmax rows V
     n_negative_samples_batch: int = 8192
+    sample_softmax: bool = True  # False: the full softmax over all V rows (bilm-tf's option)
     dropout: float = 0.1
     all_clip_norm_val: float = 10.0
     learning_rate: float = 0.2
@@ -204,6 +222,8 @@ class TrainHParams:
             "n_tokens_vocab": self.n_tokens_vocab,
             "unroll_steps": self.unroll_steps,
             "n_negative_samples_batch": self.n_negative_samples_batch,
+            "sample_softmax": self.sample_softmax,
+            "learning_rate": self.learning_rate,
         }
 
 
@@ -228,7 +248,7 @@ def bilm_options(
             "embedding": {"dim": embedding_dim},
             "filters": filters,
             "n_highway": n_highway,
-            "n_characters": 262,
+            "n_characters": N_CHARACTERS,
             "max_characters_per_token": 50,
             "activation": "relu",
         },

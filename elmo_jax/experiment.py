@@ -25,7 +25,8 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.train.compute_dtype = "float32"  # or "bfloat16": matmul operands; params and cell state stay float32
     config.train.shard_softmax = False  # shard the softmax table by rows over the devices (huge vocabularies)
     config.train.unroll_steps = 20  # window T
-    config.train.n_negative_samples_batch = 8192
+    config.train.sample_softmax = True  # False: train with the full softmax over the whole vocabulary
+    config.train.n_negative_samples_batch = 8192  # candidates per direction and step (sampled softmax)
     config.train.dropout = 0.1
     config.train.all_clip_norm_val = 10.0
     config.train.learning_rate = 0.2
@@ -75,7 +76,7 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
 def train_hparams(config: ml_collections.ConfigDict, vocab_size: int) -> TrainHParams:
     t = config.train
-    if vocab_size <= t.n_negative_samples_batch:
+    if t.sample_softmax and vocab_size <= t.n_negative_samples_batch:
         raise ValueError(
             f"config.train.n_negative_samples_batch={t.n_negative_samples_batch} must be smaller "
             f"than the vocabulary ({vocab_size} words)"
@@ -85,6 +86,7 @@ def train_hparams(config: ml_collections.ConfigDict, vocab_size: int) -> TrainHP
         unroll_steps=t.unroll_steps,
         n_tokens_vocab=vocab_size,
         n_negative_samples_batch=t.n_negative_samples_batch,
+        sample_softmax=t.sample_softmax,
         dropout=t.dropout,
         all_clip_norm_val=t.all_clip_norm_val,
         learning_rate=t.learning_rate,

@@ -43,9 +43,10 @@ def run(devices: int, shard_softmax: bool, hp: TrainHParams, batches: list[dict]
     return losses, state
 
 
-@pytest.mark.parametrize("shard_softmax", [False, True])
-def test_8_devices_equal_1_device(data, shard_softmax):
+@pytest.mark.parametrize("shard_softmax, sample_softmax", [(False, True), (True, True), (True, False)])
+def test_8_devices_equal_1_device(data, shard_softmax, sample_softmax):
     hp, batches = data
+    hp = dataclasses.replace(hp, sample_softmax=sample_softmax)
     want_losses, want = run(1, False, hp, batches)
     losses, got = run(8, shard_softmax, hp, batches)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)

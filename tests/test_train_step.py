@@ -24,7 +24,8 @@ def demo():
 
 def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     """The step updates only the softmax rows it uses; the result equals dense clipped Adagrad
-    on every param, computed here with the whole table differentiated."""
+    on every param of the gradient of unroll_steps x the loss (bilm-tf's objective), computed
+    here with the whole table differentiated."""
     train, _, vocab = demo
     config = ModelConfig.from_options(TINY)
     hp = TrainHParams(batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64, all_clip_norm_val=0.1)
@@ -36,7 +37,8 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, len(vocab))
     # The same sample, indexing the whole table.
     whole = used._replace(rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets])
-    grads = jax.grad(lambda p: _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0])(state.params)
+    objective = lambda p: hp.unroll_steps * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0]  # noqa: E731
+    grads = jax.grad(objective)(state.params)
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
     assert norm > hp.all_clip_norm_val  # so the clip is exercised
     scale = hp.all_clip_norm_val / norm

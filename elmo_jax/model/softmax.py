@@ -99,7 +99,6 @@ def full_softmax_ce(
         new_sum = running_sum * jnp.exp(running_max - new_max) + jnp.exp(logits - new_max[:, None]).sum(axis=-1)
         return (new_max, new_sum), None
 
-    N = h_NP.shape[0]
-    init = (jnp.full((N,), -jnp.inf), jnp.zeros((N,)))
+    init = (jnp.full_like(true_logit, -jnp.inf), jnp.zeros_like(true_logit))  # as device-varying as the inputs
     (running_max, running_sum), _ = jax.lax.scan(add_chunk, init, jnp.arange(-(-V // chunk)))
     return running_max + jnp.log(running_sum) - true_logit

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.config import ModelConfig
+from elmo_jax.config import N_CHARACTERS, ModelConfig
 from elmo_jax.model.matmul import matmul, result_type
 
 Params = dict
@@ -44,7 +44,14 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
 
 def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> jax.Array:
     """Char ids (N, C) (+1 shifted, 0 = padded slot) -> token vectors (N, P) float32; matmuls
-    and convolutions in config.compute_dtype."""
+    and convolutions in config.compute_dtype. The embedding must have a row for every id
+    (JAX's gather would silently clamp a larger id onto the last row)."""
+    rows = params["char_embed"].shape[0]
+    if rows != N_CHARACTERS:
+        raise ValueError(
+            f"char_embed has {rows} rows; the char ids need {N_CHARACTERS} (a zero padding row 0, then "
+            f"bilm-tf's {N_CHARACTERS - 1} rows: prepend a zero row to a {N_CHARACTERS - 1}-row table)"
+        )
     activation, dtype = _ACTIVATIONS[config.char_cnn.activation], config.compute_dtype
     x_NCD = params["char_embed"][chars_NC].astype(dtype)
     pooled = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import ml_collections
 
-from elmo_jax.experiment import model_config
+from elmo_jax.experiment import base_config, model_config
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.checkpoint import Checkpoints
@@ -17,10 +17,15 @@ from elmo_jax.train.step import TrainState
 
 
 def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
+    """The run's saved config; fields it predates take base_config's defaults."""
     path = workdir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{workdir} is not a training workdir: {path} not found")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    saved = json.loads(path.read_text())
+    config = base_config(saved["model"]).to_dict()
+    for section in ("train", "data"):
+        config[section].update(saved.get(section, {}))
+    return ml_collections.ConfigDict(config)
 
 
 def restore_latest(workdir: Path) -> tuple[ml_collections.ConfigDict, Vocabulary, TrainState, int]:

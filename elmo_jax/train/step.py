@@ -1,14 +1,18 @@
 """The train state and the pure train/eval steps (ELMO_SPEC.md section 5).
 
-train_step: (state, batch) -> (state, metrics). Loss = 0.5 * (forward + backward) sampled-softmax
-cross entropy, each the mean over the batch's positions; one global-norm clip, then Adagrad.
+train_step: (state, batch) -> (state, metrics). Loss = 0.5 * (forward + backward) cross
+entropy (sampled softmax, or the full softmax with `sample_softmax` off), each the mean over the
+batch's positions. As in bilm-tf's `train()`, the gradient is that of `unroll_steps * loss`; it is
+clipped to a global norm and applied with Adagrad (both see the x unroll_steps). The logged loss
+and gradient norm are those of the mean loss and of the scaled gradient (before clipping).
 Randomness (dropout, candidate sampling) comes from fold_in(rng, step).
 
-A step touches only K = 2S + 2BT rows of the softmax table (each direction's S candidates and the
-targets): it gathers them, differentiates the loss with respect to those rows alone and applies
-Adagrad to them alone. Rows a step does not touch have a zero gradient, which leaves their
-Adagrad accumulator and value unchanged, so this is exactly the dense update, and neither the
-gradient exchange between devices nor the update grows with the vocabulary.
+With the sampled softmax a step touches only K = 2S + 2BT rows of the softmax table (each
+direction's S candidates and the targets): it gathers them, differentiates the loss with respect
+to those rows alone and applies Adagrad to them alone. Rows a step does not touch have a zero
+gradient, which leaves their Adagrad accumulator and value unchanged, so this is exactly the
+dense update, and neither the gradient exchange between devices nor the update grows with the
+vocabulary. The full softmax differentiates and updates the whole table.
 """
 
 from __future__ import annotations
@@ -102,7 +106,25 @@ def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainHParams, table_
     )
 
 
-def _local_losses(lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, unroll):
+def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, vocab_size: int | None):
+    """Direction d's per-position cross entropy (N,): sampled against `used`'s candidates, or
+    (vocab_size given) the full softmax over the table's first vocab_size rows."""
+    targets_N = used["targets"][d].reshape(-1)
+    if vocab_size is not None:
+        return full_softmax_ce(h_NP, targets_N, table["W"], table["b"], vocab_size, config.compute_dtype)
+    return sampled_softmax_ce(
+        h_NP,
+        targets_N,
+        table["W"],
+        table["b"],
+        used["candidates"][d],
+        used["log_q_candidates"][d],
+        used["log_q_targets"][d].reshape(-1),
+        config.compute_dtype,
+    )
+
+
+def _local_losses(lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, unroll, vocab_size):
     """One device's rows b of the batch -> (2,) summed cross entropy of all devices / n_tokens,
     and the rows' new state. Runs under shard_map: the recurrences and their weight gradients
     stay on the device (a scan over a sharded batch under jit alone all-reduces the recurrent
@@ -114,36 +136,34 @@ def _local_losses(lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, 
     mask_n = mask_bT.reshape(-1)
     sums = []
     for d in range(2):
-        ce = sampled_softmax_ce(
-            top_2bTP[d].reshape(-1, top_2bTP.shape[-1]),
-            used["targets"][d].reshape(-1),
-            table["W"],
-            table["b"],
-            used["candidates"][d],
-            used["log_q_candidates"][d],
-            used["log_q_targets"][d].reshape(-1),
-            config.compute_dtype,
-        )
+        ce = _cross_entropy(top_2bTP[d].reshape(-1, top_2bTP.shape[-1]), table, used, d, config=config, vocab_size=vocab_size)
         sums.append(jnp.sum(jnp.where(mask_n, ce, 0.0)))
     return jax.lax.psum(jnp.stack(sums), AXIS) / n_tokens, new_state
 
 
-def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, config: ModelConfig, hp: TrainHParams, unroll: int, mesh):
-    """params["softmax"] holds only the rows `used.rows` (K, P) and (K,). The token encoder
-    runs over the mesh as jit lays it out (distinct words split over devices); the LSTMs and the
-    loss run per device under shard_map."""
+def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows | None, config: ModelConfig, hp: TrainHParams, unroll: int, mesh):
+    """The mean loss 0.5 * (forward + backward) and ((forward, backward), new state).
+
+    With `used` (sampled softmax), params["softmax"] holds only the rows `used.rows` (K, P) and
+    (K,); without it (full softmax) the whole table, whose first hp.n_tokens_vocab rows are the
+    vocabulary. The token encoder runs over the mesh as jit lays it out (distinct words split
+    over devices); the LSTMs and the loss run per device under shard_map."""
     tokens_UP = encode_tokens(params["token_encoder"], batch["chars"], config)
     mask_BT = batch["mask"]
     n_tokens = jnp.maximum(mask_BT.sum(), 1)
     B, T = mask_BT.shape
     rows_2BT = PartitionSpec(None, AXIS)
-    local_used = {
-        "candidates": used.candidates,
-        "log_q_candidates": used.log_q_candidates,
-        "targets": used.targets.reshape(2, B, T),
-        "log_q_targets": used.log_q_targets.reshape(2, B, T),
-    }
-    used_specs = {"candidates": PartitionSpec(), "log_q_candidates": PartitionSpec(), "targets": rows_2BT, "log_q_targets": rows_2BT}
+    if used is None:
+        local_used, used_specs, vocab_size = {"targets": batch["targets"]}, {"targets": rows_2BT}, hp.n_tokens_vocab
+    else:
+        local_used = {
+            "candidates": used.candidates,
+            "log_q_candidates": used.log_q_candidates,
+            "targets": used.targets.reshape(2, B, T),
+            "log_q_targets": used.log_q_targets.reshape(2, B, T),
+        }
+        used_specs = {"candidates": PartitionSpec(), "log_q_candidates": PartitionSpec(), "targets": rows_2BT, "log_q_targets": rows_2BT}
+        vocab_size = None
     state_spec = LSTMState(PartitionSpec(None, None, AXIS), PartitionSpec(None, None, AXIS))
     keep, keep_spec = None, None
     if hp.dropout > 0.0:
@@ -151,7 +171,7 @@ def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, c
         shape = (2, B, T, config.lstm.projection_dim)
         keep, keep_spec = dropout_keep_masks(rng, hp.dropout, config.lstm.n_layers + 1, shape), PartitionSpec(None, None, AXIS)
     local = jax.shard_map(
-        functools.partial(_local_losses, config=config, dropout=hp.dropout, unroll=unroll),
+        functools.partial(_local_losses, config=config, dropout=hp.dropout, unroll=unroll, vocab_size=vocab_size),
         mesh=mesh,
         in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(), rows_2BT, PartitionSpec(AXIS), state_spec, used_specs, PartitionSpec(), keep_spec),
         out_specs=(PartitionSpec(), state_spec),
@@ -160,13 +180,25 @@ def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows, c
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
 
 
+def _scaled_loss(params, *args, hp: TrainHParams):
+    """bilm-tf's objective, unroll_steps * the mean loss; aux: (mean loss, (losses, state))."""
+    loss, aux = _loss(params, *args)
+    return hp.unroll_steps * loss, (loss, aux)
+
+
+def _adagrad(value, accumulator, grad, lr: float):
+    """TF1's Adagrad rule (no epsilon, the updated accumulator) -> (value, accumulator)."""
+    accumulator = accumulator + grad**2
+    return value - lr * grad / jnp.sqrt(accumulator), accumulator
+
+
 def _sparse_adagrad(table: dict, accumulators: dict, gathered: dict, grads: dict, rows: jax.Array, lr: float):
     """Adagrad on rows `rows` of each table, whose values are `gathered` (rows out of range,
     the padding, are skipped)."""
     new_table, new_acc = {}, {}
     for key in table:
-        acc_rows = accumulators[key].at[rows].get(mode="fill", fill_value=1.0) + grads[key] ** 2
-        value_rows = gathered[key] - lr * grads[key] / jnp.sqrt(acc_rows)
+        acc_rows = accumulators[key].at[rows].get(mode="fill", fill_value=1.0)
+        value_rows, acc_rows = _adagrad(gathered[key], acc_rows, grads[key], lr)
         new_table[key] = table[key].at[rows].set(value_rows, mode="drop")
         new_acc[key] = accumulators[key].at[rows].set(acc_rows, mode="drop")
     return new_table, new_acc
@@ -175,22 +207,32 @@ def _sparse_adagrad(table: dict, accumulators: dict, gathered: dict, grads: dict
 def train_step(
     state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, mesh, unroll: int = 1
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One Adagrad step; metrics: loss, loss_forward, loss_backward, grad_norm, tokens."""
+    """One Adagrad step; metrics: loss, loss_forward, loss_backward (means over the
+    positions), grad_norm (of the unroll_steps-scaled gradient, before clipping), tokens."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     k_dropout, k_sample = jax.random.split(rng)
     table = state.params["softmax"]
-    used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
-    gathered = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
+    if hp.sample_softmax:
+        used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
+        gathered = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
+    else:
+        used, gathered = None, table
     params = {**state.params, "softmax": gathered}
-    grad_fn = jax.value_and_grad(_loss, has_aux=True)
-    (loss, (losses, lstm_state)), grads = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh)
+    grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)
+    grads, (loss, (losses, lstm_state)) = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh)
     grad_norm = optax.tree.norm(grads)
     grads, _ = optax.clip_by_global_norm(hp.all_clip_norm_val).update(grads, optax.EmptyState())
     updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
     new_params = optax.apply_updates(_without_softmax(state.params), updates)
-    new_params["softmax"], softmax_state = _sparse_adagrad(
-        table, state.opt_state["softmax"], gathered, grads["softmax"], used.rows, hp.learning_rate
-    )
+    accumulators = state.opt_state["softmax"]
+    if used is None:
+        updated = {k: _adagrad(table[k], accumulators[k], grads["softmax"][k], hp.learning_rate) for k in table}
+        new_params["softmax"] = {k: value for k, (value, _) in updated.items()}
+        softmax_state = {k: acc for k, (_, acc) in updated.items()}
+    else:
+        new_params["softmax"], softmax_state = _sparse_adagrad(
+            table, accumulators, gathered, grads["softmax"], used.rows, hp.learning_rate
+        )
     metrics = {
         "loss": loss,
         "loss_forward": losses[0],
