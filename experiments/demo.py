@@ -1,9 +1,10 @@
 """A tiny biLM on the built-in demo corpus: 1.3 passes over its 200,000 training sentences
-(about 3,500 steps), about 3 minutes on 2 CPU cores.
+(3,516 steps of 32 x 20), about 2-3 minutes on 2 CPU cores, to a held-out perplexity of about
+21.8 (the corpus's floor is 20.91).
 
-The recipe is bilm-tf's (sampled softmax, Adagrad, carried LSTM state) with settings for a small
-model on a 2,900-word vocabulary: a higher learning rate, 1024 negatives, no dropout (a pass or
-two over plentiful data does not overfit).
+The recipe is bilm-tf's (sampled softmax, Adagrad at 0.2 on the gradient of 20 x the loss, clip
+10, carried LSTM state) with two settings for a small model on a 2,600-word vocabulary: 1024
+negatives, and no dropout (a pass or two over plentiful data does not overfit).
 """
 
 from elmo_jax.experiment import base_config
@@ -25,7 +26,6 @@ def get_config():
     )
     config.train.per_device_batch_size = 32
     config.train.n_negative_samples_batch = 1024
-    config.train.learning_rate = 1.0
     config.train.dropout = 0.0
     config.train.n_epochs = 1.3
     config.train.log_every = 100

@@ -66,15 +66,19 @@ def test_resume_continues_the_same_computation(tmp_path, text_data):
     assert json.loads((straight / "config.json").read_text())["train"]["max_steps"] == 12
 
 
-def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, text_data):
+def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, text_data, caplog):
+    """Trained with the full softmax (config.train.sample_softmax false), exported, reimported."""
     from elmo_jax.embed import Embedder
     from elmo_jax.model_io import export_model, load_model
 
-    train(tiny_config(text_data, max_steps=3), tmp_path / "run")
+    caplog.set_level("INFO")
+    train(tiny_config(text_data, max_steps=3, sample_softmax=False), tmp_path / "run")
+    assert "train ppl fwd" in caplog.text and "(full)" in caplog.text and "(sampled)" not in caplog.text
     trained = load_model(tmp_path / "run")
     export_model(trained, tmp_path / "out")
     options = json.loads((tmp_path / "out" / "options.json").read_text())
     assert options["n_tokens_vocab"] == len(trained.vocab) and options["lstm"]["dim"] == 32
+    assert options["sample_softmax"] is False and options["unroll_steps"] == 5
     assert (tmp_path / "out" / "vocab.txt").read_text().split("\n")[:3] == ["<S>", "</S>", "<UNK>"]
     reimported = load_model(options=tmp_path / "out" / "options.json", weights=tmp_path / "out" / "weights.hdf5")
     sentences = [["the", "river", "bank"], ["Anna", "saw", "a", "bank"]]

@@ -68,6 +68,18 @@ def bucket_size(n: int) -> int:
     return round_up(n, max(64, 2 ** (max(n, 1).bit_length() - 3)))
 
 
+def char_columns(words_NC: np.ndarray, char_window: int | None) -> int:
+    """Columns a table of words' char ids (N, C) needs. With `char_window` w (the widest CNN
+    filter), the padding after the longest word's characters is cut to w (rounded up to a
+    multiple of 8, to bound the compiled shapes): every word keeps at least one window of padding
+    only, whose value is the same for all, so each filter's max is unchanged."""
+    C = words_NC.shape[1]
+    if char_window is None:
+        return C
+    longest = int((words_NC != PAD_CHAR + 1).sum(axis=1).max(initial=0))
+    return min(C, round_up(longest + char_window, 8))
+
+
 def epochs_done(state: dict, n_sentences: int) -> float:
     """Fractional passes over the corpus recorded in a batcher state, averaged over its rows."""
     return float(np.mean([e + k * state["batch_size"] / n_sentences for e, k, _ in state["rows"]]))
@@ -86,7 +98,7 @@ class StreamBatcher:
     Axis 0 of ids and targets is the direction: 0 forward, 1 backward. `rows` selects the
     global rows this process produces (all `batch_size` by default); `groups` divides them.
     `char_window` (the model's widest CNN filter) lets the batch drop the character columns no
-    filter needs (see `_columns`). With `single_pass` every row
+    filter needs (see `char_columns`). With `single_pass` every row
     stops after one epoch and pads with mask 0; iteration ends when every row is done.
     """
 
@@ -231,21 +243,10 @@ class StreamBatcher:
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         # A window's inputs are at most B * T tokens per direction.
-        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), self._columns(words)), np.int32)
+        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), char_columns(words, self.char_window)), np.int32)
         chars[: len(distinct)] = words[order, : chars.shape[1]]
         ids = rank[inverse].reshape(rows.shape).astype(np.int32)
         return {"chars": chars, "ids": ids, "targets": targets, "mask": mask}
-
-    def _columns(self, words: np.ndarray) -> int:
-        """Columns of the batch's character table. With `char_window` w (the widest CNN filter),
-        the padding after the longest word's characters is cut to w (rounded up to a multiple
-        of 8, to bound the compiled shapes): every word keeps at least one window of padding
-        only, whose value is the same for all, so each filter's max is unchanged."""
-        C = self.chars.max_chars
-        if self.char_window is None:
-            return C
-        longest = int((words != PAD_CHAR + 1).sum(axis=1).max(initial=0))
-        return min(C, round_up(longest + self.char_window, 8))
 
     def empty_batch(self) -> dict[str, np.ndarray]:
         """A batch without tokens (mask all False), shaped like this batcher's."""

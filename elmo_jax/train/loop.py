@@ -239,6 +239,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     prefetch = Prefetcher(batcher, parallel.put_batch)
     pending = None  # (step, device metrics) not yet read
     window = {"start": time.monotonic(), "steps": 0, "tokens": 0, "sums": {}}
+    softmax = "sampled" if hp.sample_softmax else "full"
     step = start
     stopped = False
     try:
@@ -258,7 +259,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
                 _accumulate(window, checkpoints, *pending)  # this step must be good first
                 pending = None
             if step % t.log_every == 0:
-                _log_train(window, step, total_steps, epochs_done(data_state, len(train_corpus)), writer)
+                _log_train(window, step, total_steps, epochs_done(data_state, len(train_corpus)), writer, softmax)
             if stopped:
                 checkpoints.save_and_wait(step, state, data_state, parallel)
             elif must_save:
@@ -299,7 +300,8 @@ def _accumulate(window: dict, checkpoints: Checkpoints, step: int, metrics) -> N
     window["last_loss"] = values["loss"]
 
 
-def _log_train(window: dict, step: int, total: int, epoch: float, writer: MetricWriter) -> None:
+def _log_train(window: dict, step: int, total: int, epoch: float, writer: MetricWriter, softmax: str) -> None:
+    """Logs the window's means; `softmax` ("sampled" or "full") says what the train perplexities are of."""
     now = time.monotonic()
     elapsed = now - window["start"]
     n = max(window["steps"], 1)
@@ -315,9 +317,9 @@ def _log_train(window: dict, step: int, total: int, epoch: float, writer: Metric
     }
     eta = (total - step) * step_time
     log.info(
-        "step %d/%d | epoch %.2f | loss %.3f | train ppl fwd %.1f bwd %.1f (sampled) | grad norm %.2f | "
+        "step %d/%d | epoch %.2f | loss %.3f | train ppl fwd %.1f bwd %.1f (%s) | grad norm %.2f | "
         "%s tok/s | %.0f ms/step | ETA %s",
-        step, total, epoch, mean["loss"], values["perplexity_forward"], values["perplexity_backward"],
+        step, total, epoch, mean["loss"], values["perplexity_forward"], values["perplexity_backward"], softmax,
         mean["grad_norm"], f"{values['tokens_per_sec']:,.0f}", 1000 * step_time, format_duration(eta),
     )
     writer.write(step, "train", values)
