@@ -3,16 +3,17 @@ vocabulary and number of batches, several seeds each, held-out perplexity of bot
 
     bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
     python benchmarks/bilm_tf_learning.py --out=runs/bilm_tf_learning [--seeds=0,1,2] \\
-        [--sentences=200000] [--dropout=0.1]
+        [--sentences=200000] [--epochs=1] [--dropout=0.1]
 
 The text is the built-in demo corpus written out as files (its first --sentences training
 sentences, all 5,000 held-out ones); the vocabulary is built from the training file (`launch.py
 vocab`, the same order as bilm-tf's make_vocab.py). bilm-tf trains with
-`bilm_tf_train_eval.py` (the cpu_peer sizes, the original recipe with --dropout, one of its
-"epochs": int(words / (32 x 20)) batches) and evaluates as its `run_test.py`; elmo_jax trains
-`experiments/cpu_peer.py` for the same number of batches and evaluates with `launch.py eval`
-(which scores every held-out position; bilm-tf's test stops when its first row runs out, so it
-scores slightly fewer). Prints a markdown table and writes OUT/results.json.
+`bilm_tf_train_eval.py` (the cpu_peer sizes, the original recipe with --dropout, --epochs of its
+"epochs" of int(words / (32 x 20)) batches) and evaluates as its `run_test.py`; elmo_jax trains
+`experiments/cpu_peer.py` for the same number of batches and evaluates at the end of training
+as `launch.py eval` does (every held-out position; bilm-tf's test stops when its first row runs
+out, so it scores slightly fewer). Prints a markdown table and writes OUT/results.json (runs already there
+are not run again: one OUT per text and length, several dropout rates and seeds in it).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--sentences", type=int, default=200_000, help="training sentences of the demo corpus")
     parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--epochs", type=int, default=1, help="bilm-tf epochs (ours: the same number of batches)")
     parser.add_argument("--bilm-python", default="/tmp/bilmvenv/bin/python")
     parser.add_argument("--bilm-tools", default=str(ROOT.parent / "shared" / "tools" / "bilm_tf"))
     parser.add_argument("--sides", default="bilm_tf,elmo_jax")
@@ -89,7 +91,7 @@ def main() -> None:
             run = out / "bilm_tf" / f"dropout{args.dropout}_seed{seed}"
             row["bilm_tf"] = last_json(
                 [args.bilm_python, "-c", BILM_TF_WITH_DROPOUT, args.bilm_tools, str(args.dropout), f"--train={train}",
-                 f"--heldout={heldout}", f"--vocab={vocab}", "--epochs=1", f"--out={run}", f"--seed={seed}"],
+                 f"--heldout={heldout}", f"--vocab={vocab}", f"--epochs={args.epochs}", f"--out={run}", f"--seed={seed}"],
                 out / f"bilm_tf_dropout{args.dropout}_seed{seed}.log",
             )
         if "elmo_jax" in sides and "elmo_jax" not in row:
@@ -100,7 +102,8 @@ def main() -> None:
             trained = last_json(
                 [sys.executable, "launch.py", "train", "--config=experiments/cpu_peer.py", f"--workdir={workdir}",
                  f"--config.data.train=text:{train}", f"--config.data.heldout=text:{heldout}", f"--config.data.vocab={vocab}",
-                 f"--config.train.max_steps={steps}", f"--config.train.seed={seed}", f"--config.train.dropout={args.dropout}",
+                 f"--config.train.max_steps={steps}", f"--config.train.n_epochs={args.epochs + 1}",
+                 f"--config.train.seed={seed}", f"--config.train.dropout={args.dropout}",
                  "--config.train.eval_every=0", "--config.train.devices=1"],
                 out / f"elmo_jax_dropout{args.dropout}_seed{seed}.log",
             )

@@ -25,9 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
 
-from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams, bilm_options  # noqa: E402
+import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
+from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.bilm import bilm_layers, init_params  # noqa: E402
 from elmo_jax.model.lstm import LSTMState  # noqa: E402
@@ -36,10 +39,10 @@ from elmo_jax.text.chars import PAD_CHAR  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
 from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
-CPU_PEER = bilm_options(256, 64, [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]], embedding_dim=16, n_highway=1)
+CPU_PEER = cpu_peer.get_config()  # the size compared with the original bilm-tf code
 # name: (options, vocabulary size, negatives, default per-device batch)
 CONFIGS = {
-    "cpu_peer": (CPU_PEER, 5_000, 1024, 32),
+    "cpu_peer": (CPU_PEER.model.to_dict(), 5_000, CPU_PEER.train.n_negative_samples_batch, CPU_PEER.train.per_device_batch_size),
     **{name: (options, 793_471, 8192, 128) for name, options in PUBLISHED_OPTIONS.items()},
 }
 
