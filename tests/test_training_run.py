@@ -84,6 +84,11 @@ def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, te
     sentences = [["the", "river", "bank"], ["Anna", "saw", "a", "bank"]]
     for a, b in zip(Embedder(trained, batch_size=2)(sentences), Embedder(reimported, batch_size=2)(sentences)):
         np.testing.assert_array_equal(a, b)
+    # A workdir written before a config field existed loads with that field's default.
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    del saved["train"]["sample_softmax"]
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    assert load_model(tmp_path / "run").options["sample_softmax"] is True
 
 
 def test_epochs_derive_the_run_length(tmp_path, text_data):

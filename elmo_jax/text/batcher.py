@@ -243,7 +243,8 @@ class StreamBatcher:
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         # A window's inputs are at most B * T tokens per direction.
-        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), char_columns(words, self.char_window)), np.int32)
+        columns = char_columns(words, self.char_window)
+        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), columns), np.int32)
         chars[: len(distinct)] = words[order, : chars.shape[1]]
         ids = rank[inverse].reshape(rows.shape).astype(np.int32)
         return {"chars": chars, "ids": ids, "targets": targets, "mask": mask}

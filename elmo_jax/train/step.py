@@ -124,7 +124,9 @@ def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, voca
     )
 
 
-def _local_losses(lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, unroll, vocab_size):
+def _local_losses(
+    lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, unroll, vocab_size
+):
     """One device's rows b of the batch -> (2,) summed cross entropy of all devices / n_tokens,
     and the rows' new state. Runs under shard_map: the recurrences and their weight gradients
     stay on the device (a scan over a sharded batch under jit alone all-reduces the recurrent
@@ -136,12 +138,15 @@ def _local_losses(lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, 
     mask_n = mask_bT.reshape(-1)
     sums = []
     for d in range(2):
-        ce = _cross_entropy(top_2bTP[d].reshape(-1, top_2bTP.shape[-1]), table, used, d, config=config, vocab_size=vocab_size)
+        h_NP = top_2bTP[d].reshape(-1, top_2bTP.shape[-1])
+        ce = _cross_entropy(h_NP, table, used, d, config=config, vocab_size=vocab_size)
         sums.append(jnp.sum(jnp.where(mask_n, ce, 0.0)))
     return jax.lax.psum(jnp.stack(sums), AXIS) / n_tokens, new_state
 
 
-def _loss(params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows | None, config: ModelConfig, hp: TrainHParams, unroll: int, mesh):
+def _loss(
+    params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows | None, config: ModelConfig, hp: TrainHParams, unroll: int, mesh
+):
     """The mean loss 0.5 * (forward + backward) and ((forward, backward), new state).
 
     With `used` (sampled softmax), params["softmax"] holds only the rows `used.rows` (K, P) and
