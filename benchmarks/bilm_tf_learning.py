@@ -115,19 +115,18 @@ def main() -> None:
 def report(results: dict) -> None:
     print("| run | bilm-tf perplexity (fwd / bwd) | elmo_jax perplexity (fwd / bwd) | ratio |")
     print("|---|---|---|---|")
-    ratios = []
     for key, row in results.items():
         cells = []
         for side in ("bilm_tf", "elmo_jax"):
             r = row.get(side)
             cells.append(f"{r['perplexity']:.2f} ({r['forward_perplexity']:.2f} / {r['backward_perplexity']:.2f})" if r else "-")
         ratio = row["elmo_jax"]["perplexity"] / row["bilm_tf"]["perplexity"] if len(row) == 2 else None
-        ratios.append(ratio)
         print(f"| {key} | {cells[0]} | {cells[1]} | {f'{ratio:.3f}' if ratio else '-'} |")
-    for side in ("bilm_tf", "elmo_jax"):
-        values = [row[side]["perplexity"] for row in results.values() if side in row]
-        if len(values) > 1:
-            print(f"{side}: mean {statistics.mean(values):.2f}, min {min(values):.2f}, max {max(values):.2f} over {len(values)} runs")
+    for setting in dict.fromkeys(key.split(" seed=")[0] for key in results):
+        for side in ("bilm_tf", "elmo_jax"):
+            values = [row[side]["perplexity"] for key, row in results.items() if key.startswith(setting + " ") and side in row]
+            if len(values) > 1:
+                print(f"{setting}, {side}: mean {statistics.mean(values):.2f}, min {min(values):.2f}, max {max(values):.2f} over {len(values)} seeds")
 
 
 if __name__ == "__main__":
