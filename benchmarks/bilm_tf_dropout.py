@@ -72,7 +72,7 @@ def tf_side(draws: int, rate: float, out: str, bilm_work: str) -> None:
 
 def our_side(draws: int, rate: float) -> tuple:
     """Our losses (draws, 2) and per-variable (mean, mean square) of the gradients, by bilm-tf name."""
-    import dataclasses
+    import functools
 
     import jax
     import numpy as np
@@ -80,39 +80,29 @@ def our_side(draws: int, rate: float) -> tuple:
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT))
     jax.config.update("jax_default_matmul_precision", "highest")
-    from bilm_tf_fixture import load, tf_names
+    from bilm_tf_fixture import load, params_to_tf
 
     from elmo_jax.model.lstm import LSTMState
     from elmo_jax.train.parallel import data_parallel
-    from elmo_jax.train.step import _loss
+    from elmo_jax.train.step import _scaled_loss
 
     config, hp, values, steps, *_ = load(FIXTURE, dropout=rate)
     batch, state, mesh = steps[0]["batch"], LSTMState.zeros(config, hp.batch_size), data_parallel(1).mesh
+    grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)  # the train step's objective
 
     @jax.jit
     def draw(key):
-        scaled = lambda p: hp.unroll_steps * _loss(p, batch, state, key, None, config, hp, 1, mesh)[0]  # noqa: E731
-        return _loss(values["initial"], batch, state, key, None, config, hp, 1, mesh)[1][0], jax.grad(scaled)(values["initial"])
+        grads, (_, (losses, _)) = grad_fn(values["initial"], batch, state, key, None, config, hp, 1, mesh)
+        return losses, grads
 
     losses, total, squares = [], None, None
     for i in range(draws):
         loss, g = draw(jax.random.key(i))
         losses.append(np.asarray(loss))
-        g = jax.tree.map(lambda x: np.asarray(x, np.float64), g)
-        total = g if total is None else jax.tree.map(np.add, total, g)
-        squares = jax.tree.map(np.square, g) if squares is None else jax.tree.map(lambda s, x: s + x * x, squares, g)
-    moments = {}
-    for path, name in tf_names(config).items():
-        pair = []
-        for tree in (total, squares):
-            for key in path[:-1] if path[0] == "lstm" else path:
-                tree = tree[key]
-            tree = tree[int(path[-1])] if path[0] == "lstm" else tree
-            tree = tree[1:] if path[-1] == "char_embed" else tree  # bilm-tf has no padding row
-            tree = tree[None] if path[:2] == ("token_encoder", "cnn") and path[-1] == "W" else tree
-            pair.append(tree / draws)
-        moments[name] = tuple(pair)
-    return np.array(losses), moments
+        g = {name: x.astype(np.float64) for name, x in params_to_tf(g, config).items()}
+        total = g if total is None else {name: total[name] + x for name, x in g.items()}
+        squares = {name: x * x for name, x in g.items()} if squares is None else {name: squares[name] + x * x for name, x in g.items()}
+    return np.array(losses), {name: (total[name] / draws, squares[name] / draws) for name in total}
 
 
 def main() -> None:

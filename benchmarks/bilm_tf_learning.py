@@ -54,14 +54,15 @@ def write_text(out: Path, n_train: int) -> tuple[Path, Path]:
 
 def last_json(command: list[str], log: Path) -> dict:
     """Runs `command`, its output into `log`; its last stdout line parsed as JSON."""
-    print("$", " ".join(command), flush=True)
+    shown = " ".join("<BILM_TF_WITH_DROPOUT>" if part == BILM_TF_WITH_DROPOUT else part for part in command)
+    print("$", shown, flush=True)
     with open(log, "w") as f:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
-    f_out = done.stdout.strip().splitlines()
+    lines = done.stdout.strip().splitlines()
     log.with_suffix(".stdout").write_text(done.stdout)
-    if done.returncode != 0 or not f_out:
-        sys.exit(f"failed ({done.returncode}): {' '.join(command)}; see {log}")
-    return json.loads(f_out[-1])
+    if done.returncode != 0 or not lines:
+        sys.exit(f"failed ({done.returncode}): {shown}; see {log}")
+    return json.loads(lines[-1])
 
 
 def main() -> None:

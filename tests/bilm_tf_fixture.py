@@ -56,6 +56,25 @@ def params_from_tf(group: h5py.Group, config: ModelConfig, fill_row_0: float) ->
     return tree
 
 
+def params_to_tf(tree: dict, config: ModelConfig) -> dict[str, np.ndarray]:
+    """Our params tree (or a tree shaped like it: gradients, accumulators) -> bilm-tf variable
+    name -> value in bilm-tf's layout; the inverse of params_from_tf (row 0 of the char table
+    dropped)."""
+    out = {}
+    for path, name in tf_names(config).items():
+        value = tree
+        for key in path[:-1] if path[0] == "lstm" else path:
+            value = value[key]
+        if path[0] == "lstm":
+            value = value[int(path[-1])]
+        elif path[-1] == "char_embed":
+            value = value[1:]
+        elif path[:2] == ("token_encoder", "cnn") and path[-1] == "W":
+            value = value[None]
+        out[name] = np.asarray(value)
+    return out
+
+
 def batch_from_tf(step: h5py.Group, char_window: int) -> dict:
     """A recorded bilm-tf batch (raw training char ids) -> our batch of distinct words, their
     padding columns cut as the batcher cuts them for a widest filter of `char_window`."""

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from bilm_tf_fixture import load, start_state
+from bilm_tf_fixture import load, params_from_tf, params_to_tf, start_state
 from elmo_jax.model.bilm import bilm_top
 from elmo_jax.text.chars import CharTable
 from elmo_jax.train.step import make_train_step
@@ -27,6 +27,13 @@ def test_char_ids_are_bilm_tf_training_ids_plus_one(recorded):
     bytes each, <S>, </S>) is our char encoding of it minus 1."""
     ours = {tuple(row - 1) for row in CharTable().encode(["<S>", "</S>", *recorded.words])}
     assert recorded.raw_chars <= ours and len(recorded.raw_chars) > 30
+
+
+def test_the_variable_mapping_round_trips(recorded):
+    """params_to_tf (used by benchmarks/bilm_tf_dropout.py) inverts params_from_tf."""
+    config, _, values, *_ = recorded
+    back = params_from_tf(params_to_tf(values["initial"], config), config, 0.0)
+    jax.tree.map(np.testing.assert_array_equal, back, values["initial"])
 
 
 def test_four_steps_match_bilm_tf_training(recorded):

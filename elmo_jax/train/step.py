@@ -231,9 +231,9 @@ def train_step(
     new_params = optax.apply_updates(_without_softmax(state.params), updates)
     accumulators = state.opt_state["softmax"]
     if used is None:
-        updated = {k: _adagrad(table[k], accumulators[k], grads["softmax"][k], hp.learning_rate) for k in table}
-        new_params["softmax"] = {k: value for k, (value, _) in updated.items()}
-        softmax_state = {k: acc for k, (_, acc) in updated.items()}
+        new_params["softmax"], softmax_state = {}, {}
+        for k in table:
+            new_params["softmax"][k], softmax_state[k] = _adagrad(table[k], accumulators[k], grads["softmax"][k], hp.learning_rate)
     else:
         new_params["softmax"], softmax_state = _sparse_adagrad(
             table, accumulators, gathered, grads["softmax"], used.rows, hp.learning_rate
