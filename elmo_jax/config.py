@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+from elmo_jax.errors import UserError
 
 ACTIVATIONS = ("relu", "tanh")
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -65,73 +68,46 @@ class ModelConfig:
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
-        """Reads the `lstm` and `char_cnn` parts of an options.json dict; extra keys are ignored.
-        `n_characters` 261 (bilm-tf's training files: raw ids, no padding row) is read as the
-        262-row layout, whose row 0 is the zero padding row and rows 1..261 are its rows."""
-
-        def field(section: dict, key: str, where: str, default: Any = ...) -> Any:
-            if key not in section:
-                if default is ...:
-                    raise ValueError(f"{source}: missing field {where}.{key}")
-                return default
-            return section[key]
-
-        for key in ("lstm", "char_cnn"):
-            if key not in options:
-                raise ValueError(f"{source}: missing field {key}")
-        lstm, cnn = options["lstm"], options["char_cnn"]
-        if "embedding" not in cnn or "dim" not in cnn["embedding"]:
-            raise ValueError(f"{source}: missing field char_cnn.embedding.dim")
-        activation = field(cnn, "activation", "char_cnn")
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"{source}: unknown activation {activation!r} in char_cnn.activation; "
-                f"expected one of {ACTIVATIONS}"
-            )
+        """Reads the `lstm` and `char_cnn` parts of an options.json dict strictly: booleans must be
+        JSON booleans and counts integers in their ranges (UserError naming `source` and the
+        field otherwise); extra keys are ignored. `n_characters` 261 (bilm-tf's training files:
+        raw ids, no padding row) is read as the 262-row layout, whose row 0 is the zero padding
+        row and rows 1..261 are its rows."""
+        read = _Reader(options, source)
+        pairs = "a non-empty list of [width, count] pairs of integers >= 1"
+        filters = read.value("char_cnn.filters", pairs, _is_filters)
         config = cls(
             lstm=LSTMConfig(
-                dim=int(field(lstm, "dim", "lstm")),
-                projection_dim=int(field(lstm, "projection_dim", "lstm")),
-                n_layers=int(field(lstm, "n_layers", "lstm")),
-                cell_clip=field(lstm, "cell_clip", "lstm", None),
-                proj_clip=field(lstm, "proj_clip", "lstm", None),
-                use_skip_connections=bool(field(lstm, "use_skip_connections", "lstm")),
+                dim=read.count("lstm.dim", 1),
+                projection_dim=read.count("lstm.projection_dim", 1),
+                n_layers=read.count("lstm.n_layers", 1),
+                cell_clip=read.clip("lstm.cell_clip"),
+                proj_clip=read.clip("lstm.proj_clip"),
+                use_skip_connections=read.value("lstm.use_skip_connections", "true or false", _is_bool),
             ),
             char_cnn=CharCNNConfig(
-                embedding_dim=int(cnn["embedding"]["dim"]),
-                filters=tuple((int(w), int(n)) for w, n in field(cnn, "filters", "char_cnn")),
-                n_highway=int(field(cnn, "n_highway", "char_cnn")),
-                n_characters=_n_characters(field(cnn, "n_characters", "char_cnn"), source),
-                max_characters_per_token=int(field(cnn, "max_characters_per_token", "char_cnn")),
-                activation=activation,
+                embedding_dim=read.count("char_cnn.embedding.dim", 1),
+                filters=tuple((w, n) for w, n in filters),
+                n_highway=read.count("char_cnn.n_highway", 0),
+                n_characters=_n_characters(read.value("char_cnn.n_characters", "present", lambda v: True), source),
+                max_characters_per_token=read.count("char_cnn.max_characters_per_token", 1),
+                activation=read.value("char_cnn.activation", f"one of {ACTIVATIONS}", lambda v: v in ACTIVATIONS),
             ),
         )
         config.validate(source)
         return config
 
     def validate(self, source: str = "options") -> None:
-        positive = {
-            "lstm.dim": self.lstm.dim,
-            "lstm.projection_dim": self.lstm.projection_dim,
-            "lstm.n_layers": self.lstm.n_layers,
-            "char_cnn.embedding.dim": self.char_cnn.embedding_dim,
-            "char_cnn.max_characters_per_token": self.char_cnn.max_characters_per_token,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"{source}: {name} must be positive, got {value}")
-        if not self.char_cnn.filters:
-            raise ValueError(f"{source}: char_cnn.filters is empty")
         for width, _ in self.char_cnn.filters:
             if width > self.char_cnn.max_characters_per_token:
-                raise ValueError(
+                raise UserError(
                     f"{source}: filter width {width} exceeds "
                     f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
                 )
         if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
+            raise UserError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
         if self.char_cnn.n_characters != N_CHARACTERS:
-            raise ValueError(
+            raise UserError(
                 f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}"
             )
 
@@ -162,9 +138,9 @@ class ModelConfig:
         try:
             options = json.loads(path.read_text())
         except FileNotFoundError:
-            raise FileNotFoundError(f"options file not found: {path}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+            raise UserError(f"options file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: not valid JSON ({e})") from None
         return cls.from_options(options, source=str(path))
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
@@ -176,10 +152,55 @@ class ModelConfig:
         return _dict_differences(self.to_options(), other.to_options())
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_filters(value: Any) -> bool:
+    return (
+        isinstance(value, (list, tuple)) and len(value) > 0
+        and all(isinstance(f, (list, tuple)) and len(f) == 2 and all(_is_int(x, 1) for x in f) for f in value)
+    )
+
+
+class _Reader:
+    """Fields of an options dict by dotted name, each checked; errors name the source and field."""
+
+    def __init__(self, options: Any, source: str):
+        self.options, self.source = options, source
+
+    def value(self, dotted: str, allowed: str, ok) -> Any:
+        node = self.options
+        for key in dotted.split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise UserError(f"{self.source}: missing field {dotted}")
+            node = node[key]
+        if not ok(node):
+            raise UserError(f"{self.source}: {dotted} is {json.dumps(node, default=repr)}; it must be {allowed}")
+        return node
+
+    def count(self, dotted: str, minimum: int) -> int:
+        return self.value(dotted, f"an integer >= {minimum}", lambda v: _is_int(v, minimum))
+
+    def clip(self, dotted: str) -> float | None:
+        """A clip value: a positive number, or null (no clip) when absent."""
+        node = self.options
+        for key in dotted.split(".")[:-1]:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if dotted.split(".")[-1] not in node:
+            return None
+        ok = lambda v: v is None or (isinstance(v, (int, float)) and not _is_bool(v) and math.isfinite(v) and v > 0)
+        return self.value(dotted, "a positive number or null", ok)
+
+
 def _n_characters(value: Any, source: str) -> int:
     """options.json's n_characters -> N_CHARACTERS; 261 (bilm-tf training) maps to it."""
-    if value not in (BILM_TF_TRAINING_N_CHARACTERS, N_CHARACTERS) or isinstance(value, bool):
-        raise ValueError(
+    if value not in (BILM_TF_TRAINING_N_CHARACTERS, N_CHARACTERS) or isinstance(value, (bool, float)):
+        raise UserError(
             f"{source}: char_cnn.n_characters must be {N_CHARACTERS} (or {BILM_TF_TRAINING_N_CHARACTERS}, "
             f"bilm-tf's training value for the same table without its zero padding row), got {value!r}"
         )
@@ -266,5 +287,5 @@ PUBLISHED_OPTIONS: dict[str, dict[str, Any]] = {
 def published(name: str) -> ModelConfig:
     """The published model sizes by name: small, medium, original."""
     if name not in PUBLISHED_OPTIONS:
-        raise ValueError(f"unknown model size {name!r}; expected one of {sorted(PUBLISHED_OPTIONS)}")
+        raise UserError(f"unknown model size {name!r}; expected one of {sorted(PUBLISHED_OPTIONS)}")
     return ModelConfig.from_options(PUBLISHED_OPTIONS[name], source=name)

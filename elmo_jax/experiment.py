@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import ml_collections
 
-from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams
+from elmo_jax.config import COMPUTE_DTYPES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams
+from elmo_jax.errors import UserError
 
 
 def base_config(model_options: dict) -> ml_collections.ConfigDict:
@@ -67,6 +69,60 @@ def published_config(size: str) -> ml_collections.ConfigDict:
     return config
 
 
+def _count(minimum: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum, f"an integer >= {minimum}"
+
+
+def _number(low: float, high: float = math.inf, high_open: bool = True):
+    ok = lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low < v
+                    and (v < high if high_open else v <= high))
+    return ok, f"a finite number in ({low}, {high}{')' if high_open else ']'}"
+
+
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_TEXT = (lambda v: isinstance(v, str), "a string")
+# What each train/data setting may be (config.model is checked by ModelConfig.from_options).
+SETTINGS = {
+    "train.per_device_batch_size": _count(1),
+    "train.devices": _count(0),
+    "train.compute_dtype": (lambda v: v in COMPUTE_DTYPES, f"one of {COMPUTE_DTYPES}"),
+    "train.shard_softmax": _BOOL,
+    "train.unroll_steps": _count(1),
+    "train.sample_softmax": _BOOL,
+    "train.n_negative_samples_batch": _count(1),
+    "train.dropout": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"),
+    "train.all_clip_norm_val": _number(0),
+    "train.learning_rate": _number(0),
+    "train.initial_accumulator_value": _number(0),
+    "train.n_epochs": _number(0),
+    "train.max_steps": _count(0),
+    "train.seed": _count(0),
+    "train.scan_unroll": _count(1),
+    "train.log_every": _count(1),
+    "train.eval_every": _count(0),
+    "train.eval_sentences": _count(0),
+    "train.eval_batch_size": _count(1),
+    "train.checkpoint_every": _count(1),
+    "train.keep_checkpoints": _count(1),
+    "train.init_from": _TEXT,
+    "data.train": (lambda v: isinstance(v, str) and v != "", "a source (demo, text:GLOB, lm1b:PATH, tfds:NAME)"),
+    "data.heldout": _TEXT,
+    "data.vocab": _TEXT,
+    "data.min_count": _count(1),
+}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Every setting in its range before any work: raises UserError naming the key, the value
+    and what it may be."""
+    for key, (ok, allowed) in SETTINGS.items():
+        section, name = key.split(".")
+        value = config[section].get(name)
+        if not ok(value):
+            raise UserError(f"config.{key}={value!r}: must be {allowed}")
+    model_config(config)
+
+
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
     model = dataclasses.replace(model, compute_dtype=config.train.compute_dtype)
@@ -77,7 +133,7 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
 def train_hparams(config: ml_collections.ConfigDict, vocab_size: int) -> TrainHParams:
     t = config.train
     if t.sample_softmax and vocab_size <= t.n_negative_samples_batch:
-        raise ValueError(
+        raise UserError(
             f"config.train.n_negative_samples_batch={t.n_negative_samples_batch} must be smaller "
             f"than the vocabulary ({vocab_size} words)"
         )

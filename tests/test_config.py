@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, published
+from elmo_jax.errors import UserError
 from elmo_jax.model.bilm import init_params
 
 
@@ -29,11 +30,35 @@ def test_differences_name_the_fields():
     ]
 
 
-def test_bad_values_are_named():
-    options = {**PUBLISHED_OPTIONS["small"], "lstm": {**PUBLISHED_OPTIONS["small"]["lstm"], "dim": 0}}
-    with pytest.raises(ValueError, match="lstm.dim must be positive"):
-        ModelConfig.from_options(options)
-    with pytest.raises(ValueError, match="unknown model size 'huge'"):
+@pytest.mark.parametrize(
+    "section, key, value, message",
+    [
+        ("lstm", "dim", 0, r"lstm.dim is 0; it must be an integer >= 1"),
+        ("lstm", "dim", 4096.0, r"lstm.dim is 4096.0; it must be an integer"),
+        ("lstm", "n_layers", True, r"lstm.n_layers is true; it must be an integer"),
+        ("lstm", "use_skip_connections", "false", r'lstm.use_skip_connections is "false"; it must be true or false'),
+        ("lstm", "use_skip_connections", 0, r"lstm.use_skip_connections is 0; it must be true or false"),
+        ("lstm", "cell_clip", -3, r"lstm.cell_clip is -3; it must be a positive number or null"),
+        ("lstm", "proj_clip", "3", r'lstm.proj_clip is "3"; it must be a positive number or null'),
+        ("char_cnn", "n_highway", -1, r"char_cnn.n_highway is -1; it must be an integer >= 0"),
+        ("char_cnn", "filters", [[1, 32], [2, "32"]], r"char_cnn.filters is .*; it must be a non-empty list of \[width, count\]"),
+        ("char_cnn", "filters", [], r"char_cnn.filters is \[\]"),
+        ("char_cnn", "max_characters_per_token", 5, r"filter width 6 exceeds max_characters_per_token 5"),
+        ("char_cnn", "activation", "gelu", r'char_cnn.activation is "gelu"; it must be one of'),
+    ],
+)
+def test_options_are_read_strictly_naming_source_and_field(section, key, value, message):
+    options = {**PUBLISHED_OPTIONS["small"], section: {**PUBLISHED_OPTIONS["small"][section], key: value}}
+    with pytest.raises(UserError, match=rf"^file.json: {message}"):
+        ModelConfig.from_options(options, source="file.json")
+
+
+def test_null_clips_mean_no_clip_and_unknown_sizes_are_named():
+    options = {**PUBLISHED_OPTIONS["small"], "lstm": {**PUBLISHED_OPTIONS["small"]["lstm"], "cell_clip": None}}
+    del options["lstm"]["proj_clip"]
+    config = ModelConfig.from_options(options)
+    assert config.lstm.cell_clip is None and config.lstm.proj_clip is None
+    with pytest.raises(UserError, match="unknown model size 'huge'"):
         published("huge")
 
 

@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.errors import UserError
 
 Params = dict
 
@@ -46,15 +47,20 @@ def load_weights(path: str | Path, config: ModelConfig) -> Params:
     """Reads a weight file into params (float32 numpy arrays, no `softmax`)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"weight file not found: {path}")
-    with h5py.File(path, "r") as f:
+        raise UserError(f"weight file not found: {path}")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise UserError(f"{path}: not a readable HDF5 file ({e})") from None
+    with f:
         data = {}
         for name, shape in expected_shapes(config).items():
             if name not in f:
-                raise ValueError(f"{path}: missing dataset {name} (expected shape {shape})")
+                raise UserError(f"{path}: missing dataset {name} (expected shape {shape})")
+            _check_local(f, name, path)
             value = np.asarray(f[name], dtype=np.float32)
             if value.shape != shape:
-                raise ValueError(f"{path}: dataset {name} has shape {value.shape}, expected {shape}")
+                raise UserError(f"{path}: dataset {name} has shape {value.shape}, expected {shape}")
             data[name] = value
     cnn, lstm = config.char_cnn, config.lstm
     token_encoder = {
@@ -77,6 +83,19 @@ def load_weights(path: str | Path, config: ModelConfig) -> Params:
         for layer in range(lstm.n_layers)
     }
     return {"token_encoder": token_encoder, "lstm": layers}
+
+
+def _check_local(f: h5py.File, name: str, path: Path) -> None:
+    """Refuses a dataset that lives outside the file: an external or soft link on its path,
+    external raw storage, or a virtual dataset."""
+    parts = name.split("/")
+    for i in range(1, len(parts) + 1):
+        link = f.get("/".join(parts[:i]), getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            raise UserError(f"{path}: {'/'.join(parts[:i])} is a {type(link).__name__}, not data stored in the file")
+    dataset = f[name]
+    if dataset.external or dataset.is_virtual:
+        raise UserError(f"{path}: dataset {name} keeps its data outside the file (external or virtual storage)")
 
 
 def save_weights(path: str | Path, params: Params, config: ModelConfig) -> None:

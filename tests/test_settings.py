@@ -1,0 +1,90 @@
+"""Every setting validated before any work; weight files read only from themselves; user
+errors on the command line are one line with exit status 2."""
+
+import json
+
+import h5py
+import pytest
+
+from cli import assert_one_line_error, run_cli
+from elmo_jax.config import ModelConfig
+from elmo_jax.errors import UserError
+from elmo_jax.experiment import validate
+from elmo_jax.interop.bilm_hdf5 import load_weights
+from elmo_jax.train.loop import train
+from test_training_run import tiny_config
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("train.dropout", 2.0, "in [0, 1)"),
+        ("train.dropout", -0.5, "in [0, 1)"),
+        ("train.dropout", 1.0, "in [0, 1)"),
+        ("train.n_negative_samples_batch", 0, "an integer >= 1"),
+        ("train.keep_checkpoints", 0, "an integer >= 1"),
+        ("train.eval_batch_size", 0, "an integer >= 1"),
+        ("train.unroll_steps", 0, "an integer >= 1"),
+        ("train.log_every", 0, "an integer >= 1"),
+        ("train.checkpoint_every", -1, "an integer >= 1"),
+        ("train.learning_rate", float("inf"), "a finite number in (0"),
+        ("train.learning_rate", 0.0, "a finite number in (0"),
+        ("train.initial_accumulator_value", 0.0, "a finite number in (0"),
+        ("train.all_clip_norm_val", float("nan"), "a finite number in (0"),
+        ("train.n_epochs", 0.0, "a finite number in (0"),
+        ("train.per_device_batch_size", 0, "an integer >= 1"),
+        ("data.min_count", 0, "an integer >= 1"),
+        ("data.train", "", "a source"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_work(tmp_path, text_data, key, value, allowed):
+    config = tiny_config(text_data)
+    section, name = key.split(".")
+    with config.unlocked():
+        config[section][name] = value
+    with pytest.raises(UserError) as error:
+        validate(config)
+    assert str(error.value).startswith(f"config.{key}={value!r}: must be {allowed}")
+    with pytest.raises(UserError):
+        train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before the workdir was made
+
+
+def test_negatives_must_be_fewer_than_the_vocabulary(tmp_path, text_data):
+    with pytest.raises(UserError, match=r"n_negative_samples_batch=100000 must be smaller than the vocabulary \(\d+ words\)"):
+        train(tiny_config(text_data, n_negative_samples_batch=100_000, max_steps=2), tmp_path)
+
+
+def test_weight_files_that_point_outside_themselves_are_refused(tmp_path, fixtures_dir):
+    elmo = fixtures_dir / "elmo"
+    config = ModelConfig.load(elmo / "options.json")
+    linked = tmp_path / "linked.hdf5"
+    with h5py.File(elmo / "lm_weights.hdf5") as src, h5py.File(linked, "w") as dst:
+        for name in src:
+            if name != "CNN_proj":
+                src.copy(src[name], dst, name)
+        dst["CNN_proj"] = h5py.ExternalLink(str(elmo / "lm_weights.hdf5"), "/CNN_proj")
+    with pytest.raises(UserError, match=r"linked.hdf5: CNN_proj is a ExternalLink, not data stored in the file"):
+        load_weights(linked, config)
+
+
+def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
+    options = json.loads((fixtures_dir / "elmo" / "options.json").read_text())
+    options["lstm"]["use_skip_connections"] = "false"
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    result = run_cli(["import", f"--options={tmp_path / 'options.json'}", f"--weights={fixtures_dir / 'elmo' / 'lm_weights.hdf5'}",
+                      f"--out={tmp_path / 'out'}"])
+    assert_one_line_error(result, 2, "options.json: lstm.use_skip_connections is \"false\"; it must be true or false")
+
+    result = run_cli(["train", "--config=experiments/demo.py", f"--workdir={tmp_path / 'w'}", "--config.train.dropout=2.0"])
+    assert_one_line_error(result, 2, "config.train.dropout=2.0: must be in [0, 1)")
+
+    (tmp_path / "w2").mkdir()
+    (tmp_path / "w2" / "config.json").write_text("{not json")
+    (tmp_path / "w2" / "checkpoints").mkdir()
+    assert_one_line_error(run_cli(["eval", f"--workdir={tmp_path / 'w2'}"]), 2, "config.json: not valid JSON")
+
+    assert_one_line_error(run_cli(["embed", f"--input={tmp_path / 'none.txt'}", f"--output={tmp_path / 'o.h5'}",
+                                   f"--workdir={tmp_path / 'w2'}"]), 2, "config.json: not valid JSON")
+    verbose = run_cli(["eval", f"--workdir={tmp_path / 'w2'}", "--verbose"])
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr
