@@ -5,6 +5,10 @@ params, char ids and LSTM state) and comes back without its boundaries: (L + 1, 
 Stateless by default: every sentence starts from a zero state, so its vectors do not depend on
 its batch. With `stateful=True`, row i of each batch continues from the state row i of the
 previous batch left (as bilm-tf and AllenNLP do).
+
+Memory is bounded by tokens, not rows: a stateless batch takes sentences (by length) while its
+padded size stays within `max_tokens` positions, so a very long line runs alone, and the token
+encoder runs over at most ENCODER_CHUNK tokens at a time.
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ import itertools
 import json
 import logging
 from pathlib import Path
+from typing import Iterator
 
 import h5py
 import jax
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.model.bilm import bilm_layers
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
+from elmo_jax.outputs import replacing
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
 from elmo_jax.text.sources import read_lines
 from elmo_jax.train.metrics import ProgressBar
@@ -32,14 +39,24 @@ LAYER_MODES = ("all", "top", "average")
 log = logging.getLogger(__name__)
 
 
+ENCODER_CHUNK = 2048  # tokens the char CNN encodes at once (its activations dominate memory)
+MAX_TOKENS = 8192  # padded positions (rows x length) per stateless batch
+MAX_SENTENCE_TOKENS = 100_000  # a longer line is refused: most likely not one sentence
+
+
 def length_bucket(n: int) -> int:
     """Padded length for n positions: a multiple of 8, so few shapes get compiled."""
     return max(8, -(-n // 8) * 8)
 
 
+def rows_bucket(n: int, batch_size: int) -> int:
+    """Padded rows for n sentences: the next power of two, at most batch_size."""
+    return min(batch_size, 1 << max(n - 1, 0).bit_length())
+
+
 @functools.cache
 def _jitted_layers(config: ModelConfig):
-    return jax.jit(lambda params, chars, state: bilm_layers(params, chars, state, config))
+    return jax.jit(lambda params, chars, state: bilm_layers(params, chars, state, config, encoder_chunk=ENCODER_CHUNK))
 
 
 class Embedder:
@@ -50,9 +67,11 @@ class Embedder:
         self.state = LSTMState.zeros(model.config, batch_size)
 
     def char_ids(self, sentences: list[list[str]]) -> np.ndarray:
-        """Sentences -> (batch_size, T, C) char ids with boundaries, padded slots all 0."""
+        """Sentences -> (rows, T, C) char ids with boundaries, padded slots all 0: rows is
+        batch_size when stateful, else rows_bucket of the sentences."""
         T = length_bucket(max(len(s) for s in sentences) + 2)
-        out = np.zeros((self.batch_size, T, self.chars.max_chars), np.int32)
+        rows = self.batch_size if self.stateful else rows_bucket(len(sentences), self.batch_size)
+        out = np.zeros((rows, T, self.chars.max_chars), np.int32)
         for i, s in enumerate(sentences):
             out[i, : len(s) + 2] = self.chars.encode([BOS_TOKEN, *s, EOS_TOKEN])
         return out
@@ -61,8 +80,9 @@ class Embedder:
         """Up to batch_size tokenized sentences -> one (L + 1, n, 2P) float32 array each."""
         if not 0 < len(sentences) <= self.batch_size:
             raise ValueError(f"expected 1 to {self.batch_size} sentences, got {len(sentences)}")
-        state = self.state if self.stateful else LSTMState.zeros(self.config, self.batch_size)
-        layers, _, state = _jitted_layers(self.config)(self.params, self.char_ids(sentences), state)
+        chars = self.char_ids(sentences)
+        state = self.state if self.stateful else LSTMState.zeros(self.config, chars.shape[0])
+        layers, _, state = _jitted_layers(self.config)(self.params, chars, state)
         if self.stateful:
             self.state = state
         layers = np.asarray(layers)
@@ -91,6 +111,22 @@ def _select(layers: np.ndarray, mode: str) -> np.ndarray:
     return layers.mean(axis=0)
 
 
+def _batches(work: list, batch_size: int, stateful: bool, max_tokens: int) -> Iterator[list]:
+    """Consecutive batches of `work` ((index, tokens, text), sorted by length unless stateful):
+    stateful ones of batch_size rows; stateless ones as many (up to batch_size) as fit in
+    max_tokens padded positions, at least one."""
+    start = 0
+    while start < len(work):
+        end = start + 1
+        while end < len(work) and end - start < batch_size:
+            longest = len(work[end][1])  # sorted by length: the newest is the longest
+            if not stateful and rows_bucket(end + 1 - start, batch_size) * length_bucket(longest + 2) > max_tokens:
+                break
+            end += 1
+        yield work[start:end]
+        start = end
+
+
 def embed_file(
     model: Model,
     input_path: str | Path,
@@ -99,17 +135,36 @@ def embed_file(
     batch_size: int = 64,
     stateful: bool = False,
     chunk_sentences: int = 4096,
+    max_tokens: int = MAX_TOKENS,
+    max_sentence_tokens: int = MAX_SENTENCE_TOKENS,
+    overwrite: bool = False,
 ) -> int:
     """One whitespace-tokenized sentence a line -> HDF5 as `allennlp elmo` writes it: dataset
     "i" for line i, (L + 1, n, 2P) for `all` or (n, 2P) for `top` / `average`, plus
     `sentence_to_index`. Lines are read in chunks and, unless stateful, sorted by length within
-    a chunk for speed; results are written in input order. Logs sentences/s and tokens/s;
+    a chunk and batched by `max_tokens` padded positions; results are written in input order.
+    The file is written beside `output_path` and renamed into place when complete; an existing
+    output is refused unless `overwrite`, the input always. Logs sentences/s and tokens/s;
     returns the number of lines."""
     if layers not in LAYER_MODES:
-        raise ValueError(f"unknown --layers {layers!r}; expected one of {LAYER_MODES}")
+        raise UserError(f"unknown --layers {layers!r}; expected one of {LAYER_MODES}")
+    limits = {"batch_size": batch_size, "max_tokens": max_tokens, "max_sentence_tokens": max_sentence_tokens}
+    for name, value in limits.items():
+        if value < 1:
+            raise UserError(f"--{name}={value}: must be a positive integer")
     input_path = Path(input_path)
     if not input_path.is_file():
-        raise FileNotFoundError(f"input file not found: {input_path}")
+        raise MissingFile(f"input file not found: {input_path}")
+    with replacing(output_path, overwrite, (input_path,), "--output") as tmp:
+        return _embed_lines(
+            model, input_path, tmp, layers, batch_size, stateful, chunk_sentences, max_tokens, max_sentence_tokens
+        )
+
+
+def _embed_lines(
+    model: Model, input_path: Path, output_path: Path, layers: str, batch_size: int, stateful: bool,
+    chunk_sentences: int, max_tokens: int, max_sentence_tokens: int,
+) -> int:
     with open(input_path, "rb") as f:
         total = sum(1 for _ in f)
     embedder = Embedder(model, batch_size, stateful)
@@ -125,14 +180,18 @@ def embed_file(
             if not chunk:
                 break
             for index, tokens, text in chunk:
+                if len(tokens) > max_sentence_tokens:
+                    raise UserError(
+                        f"{input_path}: line {index + 1} has {len(tokens):,} tokens, more than --max_sentence_tokens="
+                        f"{max_sentence_tokens:,} (is it one sentence?); split it or raise the limit"
+                    )
                 sentence_to_index[text] = str(index)
                 if not tokens:
                     out.create_dataset(str(index), shape=empty_shape, dtype=np.float32)
             work = [c for c in chunk if c[1]]
             if not stateful:
                 work.sort(key=lambda c: len(c[1]))
-            for start in range(0, len(work), batch_size):
-                batch = work[start : start + batch_size]
+            for batch in _batches(work, batch_size, stateful, max_tokens):
                 for (index, _, _), vectors in zip(batch, embedder([c[1] for c in batch])):
                     out.create_dataset(str(index), data=_select(vectors, layers))
             done += len(chunk)
@@ -143,4 +202,3 @@ def embed_file(
     seconds = bar.elapsed()
     log.info("%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s", done, n_tokens, seconds, done / seconds, n_tokens / seconds)
     return done
-

@@ -17,8 +17,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model.bilm import init_params
+from elmo_jax.outputs import replacing
 from elmo_jax.text.vocab import Vocabulary
 
 
@@ -35,7 +37,7 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
     options.json + HDF5."""
     if path is None:
         if options is None or weights is None:
-            raise ValueError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
+            raise UserError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
         config = ModelConfig.load(options)
         return Model(config, jax.tree.map(np.asarray, load_weights(weights, config)))
     path = Path(path)
@@ -46,14 +48,14 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
         config = ModelConfig.load(path / "options.json")
         rows = _softmax_rows(path)
         if vocab is not None and rows is not None and rows != len(vocab):
-            raise ValueError(f"{path}: vocab.txt has {len(vocab)} words but the params' softmax has {rows} rows")
+            raise UserError(f"{path}: vocab.txt has {len(vocab)} words but the params' softmax has {rows} rows")
         abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, rows))
         params = ocp.StandardCheckpointer().restore((path / "params").absolute(), abstract)
         return Model(config, params, vocab)
     if (path / "options.json").is_file() and (path / "weights.hdf5").is_file():
         model = load_model(options=path / "options.json", weights=path / "weights.hdf5")
         return dataclasses.replace(model, vocab=vocab)
-    raise FileNotFoundError(
+    raise MissingFile(
         f"{path} is neither a training workdir (config.json + checkpoints/), an imported model "
         f"(options.json + params/) nor an exported one (options.json + weights.hdf5)"
     )
@@ -67,7 +69,7 @@ def model_options(path: str | Path) -> dict:
         return json.loads((path / "config.json").read_text())["model"]
     if (path / "options.json").is_file():
         return ModelConfig.load(path / "options.json").to_options()
-    raise FileNotFoundError(f"{path}: neither a training workdir (config.json) nor a model folder (options.json)")
+    raise MissingFile(f"{path}: neither a training workdir (config.json) nor a model folder (options.json)")
 
 
 def _softmax_rows(path: Path) -> int | None:
@@ -86,25 +88,27 @@ def _load_workdir(workdir: Path) -> Model:
     return Model(model_config(config), {**state.params, "softmax": softmax}, vocab, options)
 
 
-def save_imported(model: Model, out: str | Path) -> None:
-    """A params-only Orbax checkpoint with its options.json (and vocab.txt if any)."""
-    out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    model.config.save(out / "options.json")
-    softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
-    (out / "params_meta.json").write_text(json.dumps({"softmax_rows": softmax_rows}) + "\n")
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(out / "params", model.params, force=True)
-    checkpointer.wait_until_finished()
-    if model.vocab is not None:
-        model.vocab.save(out / "vocab.txt")
+def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
+    """A params-only Orbax checkpoint with its options.json (and vocab.txt if any), built
+    beside `out` and renamed into place (see elmo_jax.outputs)."""
+    with replacing(out, overwrite, inputs, "--out") as folder:
+        folder.mkdir()
+        model.config.save(folder / "options.json")
+        softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
+        (folder / "params_meta.json").write_text(json.dumps({"softmax_rows": softmax_rows}) + "\n")
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(folder.absolute() / "params", model.params)
+        checkpointer.wait_until_finished()
+        if model.vocab is not None:
+            model.vocab.save(folder / "vocab.txt")
 
 
-def export_model(model: Model, out: str | Path) -> None:
-    """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.config.save(out / "options.json", model.options)
-    save_weights(out / "weights.hdf5", model.params, model.config)
-    if model.vocab is not None:
-        model.vocab.save(out / "vocab.txt")
+def export_model(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
+    """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any; the
+    folder is built beside `out` and renamed into place (see elmo_jax.outputs)."""
+    with replacing(out, overwrite, inputs, "--out") as folder:
+        folder.mkdir()
+        model.config.save(folder / "options.json", model.options)
+        save_weights(folder / "weights.hdf5", model.params, model.config)
+        if model.vocab is not None:
+            model.vocab.save(folder / "vocab.txt")

@@ -8,11 +8,14 @@ sampler relies on. Out-of-vocabulary targets map to `<UNK>`.
 from __future__ import annotations
 
 import collections
+import hashlib
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.outputs import write_text
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
 
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -24,11 +27,11 @@ class Vocabulary:
         self._id = {}
         for i, w in enumerate(self.words):
             if w in self._id:
-                raise ValueError(f"{source}: duplicate word {w!r} on lines {self._id[w] + 1} and {i + 1}")
+                raise UserError(f"{source}: duplicate word {w!r} on lines {self._id[w] + 1} and {i + 1}")
             self._id[w] = i
         missing = [t for t in SPECIAL_TOKENS if t not in self._id]
         if missing:
-            raise ValueError(f"{source}: missing the special token(s) {', '.join(missing)}")
+            raise UserError(f"{source}: missing the special token(s) {', '.join(missing)}")
         self.bos, self.eos, self.unk = (self._id[t] for t in SPECIAL_TOKENS)
 
     def __len__(self) -> int:
@@ -49,19 +52,32 @@ class Vocabulary:
     def load(cls, path: str | Path) -> Vocabulary:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"vocabulary file not found: {path}")
-        words = path.read_text(encoding="utf-8").split("\n")
+            raise MissingFile(f"vocabulary file not found: {path}")
+        try:
+            words = path.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            raise UserError(f"{path}: line {line} is not valid UTF-8") from None
         if words and words[-1] == "":
             words.pop()
         words = [w.strip() for w in words]
         if not words:
-            raise ValueError(f"{path}: the vocabulary file is empty")
+            raise UserError(f"{path}: the vocabulary file is empty")
         if "" in words:
-            raise ValueError(f"{path}: empty line {words.index('') + 1}")
+            raise UserError(f"{path}: empty line {words.index('') + 1}")
         return cls(words, source=str(path))
 
+    def text(self) -> str:
+        """The file's contents: one word a line."""
+        return "\n".join(self.words) + "\n"
+
+    def record(self) -> dict[str, int | str]:
+        """Size and SHA-256 of the file's contents, to check a saved copy against."""
+        return {"words": len(self), "sha256": hashlib.sha256(self.text().encode("utf-8")).hexdigest()}
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text("\n".join(self.words) + "\n", encoding="utf-8")
+        """Written atomically: a kill leaves the old file or the whole new one."""
+        write_text(path, self.text())
 
     @classmethod
     def from_counts(cls, counts: collections.Counter, min_count: int = 1) -> Vocabulary:

@@ -1,0 +1,61 @@
+"""embed is bounded by tokens, not rows: batches within a token budget, a very long line alone,
+the token encoder in chunks, and a line over the limit refused by its number."""
+
+import h5py
+import jax
+import numpy as np
+import pytest
+
+from elmo_jax import embed
+from elmo_jax.config import ModelConfig
+from elmo_jax.embed import Embedder, embed_file, length_bucket, rows_bucket
+from elmo_jax.errors import UserError
+from elmo_jax.model.bilm import bilm_layers, init_params
+from elmo_jax.model.lstm import LSTMState
+from elmo_jax.model_io import Model
+from elmo_jax.text.chars import CharTable
+from tiny_models import tiny_options
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = ModelConfig.from_options(tiny_options(16, 8, 4, [[1, 4], [2, 4]]))
+    return Model(config, jax.tree.map(np.asarray, init_params(jax.random.key(3), config, None)))
+
+
+def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_path, model, monkeypatch):
+    rng = np.random.default_rng(0)
+    lines = [" ".join(f"w{rng.integers(50)}" for _ in range(rng.integers(1, 30))) for _ in range(40)]
+    lines[17] = " ".join(f"w{i % 50}" for i in range(3000))
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    shapes = []
+    real_call = Embedder.__call__
+    monkeypatch.setattr(Embedder, "__call__", lambda self, s: shapes.append(self.char_ids(s).shape[:2]) or real_call(self, s))
+    embed_file(model, src, tmp_path / "out.h5", "all", batch_size=16, max_tokens=256)
+    assert all(rows * T <= 256 for rows, T in shapes if rows > 1)
+    assert (1, length_bucket(3002)) in shapes and max(rows for rows, _ in shapes) == 16
+    alone = Embedder(model, batch_size=1)
+    with h5py.File(tmp_path / "out.h5") as f:
+        for i in (0, 17, 39):
+            np.testing.assert_allclose(f[str(i)][...], alone([lines[i].split()])[0], atol=1e-6)
+
+    with pytest.raises(UserError, match=r"in.txt: line 18 has 3,000 tokens, more than --max_sentence_tokens=2,999"):
+        embed_file(model, src, tmp_path / "refused.h5", "all", max_sentence_tokens=2999)
+    assert not (tmp_path / "refused.h5").exists()
+
+
+def test_the_token_encoder_in_chunks_gives_the_same_layers(model):
+    table = CharTable(model.config.char_cnn.max_characters_per_token)
+    words = [f"word{i}" for i in range(37)]
+    chars = np.zeros((3, 16, table.max_chars), np.int32)
+    chars[:, :13] = table.encode((words * 2)[:39]).reshape(3, 13, -1)
+    state = LSTMState.zeros(model.config, 3)
+    whole = bilm_layers(model.params, chars, state, model.config)[0]
+    chunked = bilm_layers(model.params, chars, state, model.config, encoder_chunk=10)[0]
+    np.testing.assert_allclose(np.asarray(chunked), np.asarray(whole), atol=1e-6)
+
+
+def test_rows_bucket():
+    assert [rows_bucket(n, 64) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64] and rows_bucket(9, 12) == 12
+    assert embed.MAX_TOKENS >= 64 * 8  # a full batch of short sentences fits

@@ -1,0 +1,117 @@
+"""Outputs never clobber: refusals, --overwrite, and atomic replacement under kill -9."""
+
+import json
+import random
+import signal
+import time
+
+import h5py
+import jax
+import numpy as np
+import pytest
+
+from cli import assert_one_line_error, run_cli, start_cli
+from elmo_jax.config import ModelConfig
+from elmo_jax.errors import UserError
+from elmo_jax.interop.bilm_hdf5 import save_weights
+from elmo_jax.model.bilm import init_params
+from elmo_jax.outputs import replacing
+from tiny_models import tiny_options
+
+
+def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_error(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(UserError, match="out.txt already exists: pass --overwrite"):
+        with replacing(target):
+            pass
+    with pytest.raises(UserError, match="is \\(or holds\\) the input"):
+        with replacing(target, overwrite=True, inputs=(str(target),)):
+            pass
+    with pytest.raises(UserError, match="is \\(or holds\\) the input"):  # a folder holding an input
+        with replacing(tmp_path, overwrite=True, inputs=(str(target),)):
+            pass
+    with pytest.raises(RuntimeError, match="crash"):
+        with replacing(target, overwrite=True) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+    with replacing(target, overwrite=True) as tmp:
+        tmp.write_text("new")
+    assert target.read_text() == "new"
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "stale.txt").write_text("from another model")
+    with replacing(folder, overwrite=True) as tmp:
+        tmp.mkdir()
+        (tmp / "fresh.txt").write_text("x")
+    assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # replaced whole: nothing stale kept
+
+
+def test_commands_refuse_to_overwrite_their_inputs_and_existing_outputs(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the river bank\nthe money bank\n")
+    result = run_cli(["vocab", f"--data=text:{corpus}", f"--out={corpus}", "--overwrite"])
+    assert_one_line_error(result, 2, "--out", "corpus.txt", "input")
+    result = run_cli(["embed", f"--input={corpus}", f"--output={corpus}", "--options=x.json", "--weights=y.hdf5", "--overwrite"])
+    assert_one_line_error(result, 2, "--output", "corpus.txt", "input")
+    assert corpus.read_text() == "the river bank\nthe money bank\n"
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("mine\n")
+    assert_one_line_error(run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}"]), 2, "already exists", "--overwrite")
+    assert vocab.read_text() == "mine\n"
+    assert run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}", "--overwrite"]).returncode == 0
+    assert vocab.read_text().splitlines()[:4] == ["<S>", "</S>", "<UNK>", "bank"]
+
+
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    """options.json + weights.hdf5 of a random biLM with the published CNN (slow enough to kill)."""
+    folder = tmp_path_factory.mktemp("model")
+    options = tiny_options(64, 16, 8, [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]])
+    (folder / "options.json").write_text(json.dumps(options))
+    config = ModelConfig.from_options(options)
+    save_weights(folder / "weights.hdf5", jax.tree.map(np.asarray, init_params(jax.random.key(0), config, None)), config)
+    return folder
+
+
+def _kill_at_random(args, seconds: float, seed: int) -> None:
+    proc = start_cli(args)
+    time.sleep(random.Random(seed).uniform(0, seconds))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_one(tmp_path, random_model, text_data):
+    model = [f"--options={random_model / 'options.json'}", f"--weights={random_model / 'weights.hdf5'}"]
+    src = tmp_path / "in.txt"
+    src.write_text((text_data / "train.txt").read_text() * 10)
+    out = tmp_path / "out.h5"
+    out.write_bytes(b"the old output")
+    started = time.monotonic()
+    done = run_cli(["embed", f"--input={src}", f"--output={tmp_path / 'whole.h5'}", *model])
+    assert done.returncode == 0, done.stderr
+    whole = time.monotonic() - started
+    for seed in range(3):
+        _kill_at_random(["embed", f"--input={src}", f"--output={out}", "--overwrite", *model], whole, seed)
+        if out.read_bytes() != b"the old output":
+            with h5py.File(out) as f:
+                assert len(f) == 2401  # 2,400 lines and sentence_to_index: complete
+
+    imported = tmp_path / "imported"
+    assert run_cli(["import", *model, f"--out={imported}"]).returncode == 0
+    again = run_cli(["import", *model, f"--out={imported}"])
+    assert_one_line_error(again, 2, "already exists", "--overwrite")
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    (exported / "vocab.txt").write_text("a stale vocabulary\n")
+    for seed in range(3):
+        _kill_at_random(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"], 6.0, seed)
+        names = sorted(p.name for p in exported.iterdir())
+        assert names in (["vocab.txt"], ["options.json", "weights.hdf5"]), names
+    result = run_cli(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"])
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in exported.iterdir()) == ["options.json", "weights.hdf5"]  # no stale vocab.txt
