@@ -1,8 +1,15 @@
 """elmo_jax command line: python launch.py {train,eval} --flag=value ... (see README.md)."""
 
-from absl import app
+import signal
+import sys
 
-from elmo_jax.cli import main, parse_flags
+if len(sys.argv) > 1 and sys.argv[1] == "train":
+    # SIGTERM before training installs its own handler: nothing has run, so nothing to save.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+from absl import app  # noqa: E402
+
+from elmo_jax.cli import main, parse_flags  # noqa: E402
 
 if __name__ == "__main__":
     app.run(main, flags_parser=parse_flags)

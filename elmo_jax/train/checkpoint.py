@@ -5,21 +5,93 @@ The batcher position of every global row is saved as a (B, 3) array sharded like
 each process writes and reads its own rows; the rest of the batcher state is JSON. Saves are
 atomic (Orbax writes to a temporary folder and renames) and asynchronous; a run killed mid-save
 leaves the previous checkpoint as the latest.
+
+Orbax checks no data checksums, so each item's folder also gets `checksums.json` (SHA-256 of
+every file) before the checkpoint is committed. A restore takes the newest step whose files all
+verify; a damaged or incomplete step is named in one line, skipped, and (by train) moved to
+`damaged_checkpoints/` beside the checkpoints, so the run falls back to the previous one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from elmo_jax.errors import RunFailed, UserError
+from elmo_jax.outputs import write_text
 from elmo_jax.train.parallel import DataParallel
 from elmo_jax.train.step import TrainState
 
 log = logging.getLogger(__name__)
+
+ITEMS = ("state", "rows", "data")
+MANIFEST = "checksums.json"
+
+
+class DamagedCheckpoint(Exception):
+    """A step folder that is not a complete, intact checkpoint; the message says why."""
+
+
+class CheckpointSaveError(RunFailed):
+    """A save that failed (a full disk, ...); the previous checkpoint is intact."""
+
+
+def _digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: Path) -> None:
+    """folder/checksums.json: the SHA-256 of every file under `folder`, by relative path."""
+    digests = {str(p.relative_to(folder)): _digest(p) for p in _files(folder)}
+    write_text(folder / MANIFEST, json.dumps(digests, indent=0, sort_keys=True) + "\n")
+
+
+def verify_step(step_dir: Path) -> None:
+    """Raises DamagedCheckpoint naming the first missing, extra-short or altered file."""
+    if not step_dir.is_dir():
+        raise DamagedCheckpoint("not a folder")
+    for item in ITEMS:
+        manifest = step_dir / item / MANIFEST
+        if not manifest.is_file():
+            raise DamagedCheckpoint(f"{item}/{MANIFEST} is missing (an incomplete checkpoint)")
+        try:
+            digests = json.loads(manifest.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DamagedCheckpoint(f"{item}/{MANIFEST} is unreadable ({e})") from None
+        for name, digest in digests.items():
+            path = step_dir / item / name
+            if not path.is_file():
+                raise DamagedCheckpoint(f"{item}/{name} is missing")
+            if _digest(path) != digest:
+                raise DamagedCheckpoint(f"{item}/{name} does not match its checksum")
+
+
+def _with_checksums(handler):
+    """An Orbax handler whose finalize (after its own, before the checkpoint is committed, that
+    is renamed into place) also has process 0 write the item folder's checksums. The instance
+    keeps its class, which Orbax's save/restore args are registered with."""
+    finalize = handler.finalize
+
+    def finalize_with_checksums(directory) -> None:
+        finalize(directory)
+        if jax.process_index() == 0:
+            write_manifest(Path(directory))
+
+    handler.finalize = finalize_with_checksums
+    return handler
 
 
 class Checkpoints:
@@ -28,18 +100,58 @@ class Checkpoints:
         self.every = max(every, 1)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
         handlers = {
-            "state": ocp.StandardCheckpointHandler(),
-            "rows": ocp.StandardCheckpointHandler(),
-            "data": ocp.JsonCheckpointHandler(),
+            "state": _with_checksums(ocp.StandardCheckpointHandler()),
+            "rows": _with_checksums(ocp.StandardCheckpointHandler()),
+            "data": _with_checksums(ocp.JsonCheckpointHandler()),
         }
+        self._in_flight = 0  # the step of the latest save started
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def softmax_table_rows(self) -> int:
-        """Rows of the softmax table in the latest checkpoint, read from its metadata."""
-        return self.manager.item_metadata(self.latest_step())["state"]["params"]["softmax"]["W"].shape[0]
+    def good_step(self, quarantine: bool = False) -> int | None:
+        """The newest step whose files verify (None if there is none). Damaged or incomplete
+        steps are named in one line each and skipped; with `quarantine` (a training run, which
+        will write new steps) they are moved to `damaged_checkpoints/` first. Process 0 decides
+        for all."""
+        chosen = -1
+        if jax.process_index() == 0:
+            for step in sorted(self.manager.all_steps(), reverse=True):
+                try:
+                    self._verify(step)
+                    chosen = step
+                    break
+                except DamagedCheckpoint as e:
+                    log.warning("the checkpoint of step %d in %s is damaged (%s): %s", step, self.directory, e,
+                                "moving it aside and using the previous one" if quarantine else "using the previous one")
+                    if quarantine:
+                        self._quarantine(step)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
+        self.manager.reload()
+        return None if chosen < 0 else chosen
+
+    def _verify(self, step: int) -> None:
+        step_dir = self.directory / str(step)
+        if step_dir.is_dir() and not any((step_dir / item / MANIFEST).exists() for item in ITEMS) and all(
+            (step_dir / item).is_dir() for item in ITEMS
+        ):
+            log.warning("the checkpoint of step %d in %s has no checksums (an older elmo_jax wrote it): not verified",
+                        step, self.directory)
+            return
+        verify_step(step_dir)
+
+    def _quarantine(self, step: int) -> None:
+        aside = self.directory.parent / "damaged_checkpoints"
+        aside.mkdir(exist_ok=True)
+        os.rename(self.directory / str(step), aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    def softmax_table_rows(self, step: int) -> int:
+        """Rows of the softmax table in the checkpoint of `step`, read from its metadata."""
+        return self.manager.item_metadata(step)["state"]["params"]["softmax"]["W"].shape[0]
 
     def is_due(self, step: int) -> bool:
         """Every `every` steps (Orbax's own policy also saves at every step until a first
@@ -49,15 +161,29 @@ class Checkpoints:
     def save(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel) -> None:
         """Starts an asynchronous save; the previous one is finished first. `data_state` is the
         batcher state of this process's rows."""
-        self.manager.wait_until_finished()
+        self.wait()
         local = np.asarray(data_state["rows"], np.int32)
         rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], 3))
         meta = {k: v for k, v in data_state.items() if k != "rows"}
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), rows=ocp.args.StandardSave({"positions": rows}), data=ocp.args.JsonSave(meta)
         )
-        if not self.manager.save(step, args=args, force=True):
-            raise RuntimeError(f"Orbax did not save the checkpoint of step {step} in {self.directory}")
+        try:
+            saved = self.manager.save(step, args=args, force=True)
+            self._in_flight = step
+        except Exception as e:
+            raise self._save_error(step, e) from None
+        if not saved:
+            raise CheckpointSaveError(f"Orbax did not save the checkpoint of step {step} in {self.directory}")
+
+    def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
+        while error.__cause__ is not None or error.__context__ is not None:  # the root cause (an OSError)
+            error = error.__cause__ or error.__context__
+        previous = [s for s in self.manager.all_steps() if s < step]
+        return CheckpointSaveError(
+            f"saving a checkpoint in {self.directory} failed ({type(error).__name__}: {error}); "
+            f"the previous checkpoint (step {max(previous) if previous else 'none'}) is intact"
+        )
 
     def save_and_wait(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel, tries: int = 3) -> None:
         """A save that has landed on return (for preemption). A signal arriving during an
@@ -71,24 +197,36 @@ class Checkpoints:
             self.manager.reload()
         raise RuntimeError(f"the checkpoint of step {step} did not land in {self.directory}")
 
-    def restore_state(self, abstract_state: TrainState) -> TrainState:
-        """The latest TrainState, shaped and sharded like `abstract_state`."""
+    def restore_state(self, step: int, abstract_state: TrainState) -> TrainState:
+        """The TrainState of `step`, shaped and sharded like `abstract_state`."""
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
-        return self.manager.restore(self.latest_step(), args=args).state
+        return self._restore(step, args).state
 
-    def restore(self, abstract_state: TrainState, parallel: DataParallel, batch_size: int) -> tuple[TrainState, dict]:
-        """The latest TrainState and the batcher state of this process's rows."""
+    def _restore(self, step: int, args):
+        try:
+            return self.manager.restore(step, args=args)
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
+
+    def restore(
+        self, step: int, abstract_state: TrainState, parallel: DataParallel, batch_size: int
+    ) -> tuple[TrainState, dict]:
+        """The TrainState of `step` and the batcher state of this process's rows."""
         rows = jax.ShapeDtypeStruct((batch_size, 3), np.int32, sharding=parallel.rows)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), rows=ocp.args.StandardRestore({"positions": rows}), data=ocp.args.JsonRestore()
         )
-        restored = self.manager.restore(self.latest_step(), args=args)
+        restored = self._restore(step, args)
         shards = sorted(restored.rows["positions"].addressable_shards, key=lambda s: s.index[0].start or 0)
         local = np.concatenate([np.asarray(s.data) for s in shards])
         return restored.state, {**restored.data, "rows": local.tolist()}
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight; a failed one raises CheckpointSaveError."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(self._in_flight, e) from None
 
     def close(self) -> None:
         self.manager.close()

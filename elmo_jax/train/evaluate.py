@@ -24,6 +24,11 @@ from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.step import eval_step
 
 
+def safe_exp(x: float) -> float:
+    """exp, with inf past the float range instead of OverflowError (and NaN kept)."""
+    return math.exp(x) if not x > 709.0 else math.inf
+
+
 @functools.cache
 def _jitted_eval(config: ModelConfig, vocab_size: int, parallel: DataParallel):
     state = parallel.lstm_state_sharding()
@@ -68,8 +73,8 @@ def evaluate(
     tokens = int(np.sum(jax.device_get(count)))
     forward, backward = total / tokens
     return {
-        "forward_perplexity": math.exp(forward),
-        "backward_perplexity": math.exp(backward),
-        "perplexity": math.exp(0.5 * (forward + backward)),
+        "forward_perplexity": safe_exp(forward),
+        "backward_perplexity": safe_exp(backward),
+        "perplexity": safe_exp(0.5 * (forward + backward)),
         "tokens": tokens,
     }

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 import ml_collections
 
+from elmo_jax.errors import MissingFile, RunFailed
 from elmo_jax.experiment import base_config, model_config
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
-from elmo_jax.train.loop import abstract_train_state, check_vocab, eval_summary
+from elmo_jax.train.loop import abstract_train_state, check_vocab, eval_summary, read_json, workdir_vocab
 from elmo_jax.train.step import TrainState
 
 
@@ -20,8 +21,8 @@ def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
     """The run's saved config; fields it predates take base_config's defaults."""
     path = workdir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{workdir} is not a training workdir: {path} not found")
-    saved = json.loads(path.read_text())
+        raise MissingFile(f"{workdir} is not a training workdir: {path} not found")
+    saved = read_json(path)
     config = base_config(saved["model"]).to_dict()
     for section in ("train", "data"):
         config[section].update(saved.get(section, {}))
@@ -29,15 +30,15 @@ def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
 
 
 def restore_latest(workdir: Path) -> tuple[ml_collections.ConfigDict, Vocabulary, TrainState, int]:
-    """A training workdir's config, vocabulary, latest TrainState and its step."""
+    """A training workdir's config, vocabulary, newest intact TrainState and its step."""
     config = load_run_config(workdir)
-    vocab = Vocabulary.load(workdir / "vocab.txt")
+    vocab = workdir_vocab(workdir)
     checkpoints = Checkpoints(workdir / "checkpoints")
-    step = checkpoints.latest_step()
+    step = checkpoints.good_step()
     if step is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    check_vocab(checkpoints, config, vocab, workdir / "vocab.txt")
-    state = checkpoints.restore_state(abstract_train_state(config, len(vocab)))
+        raise MissingFile(f"no intact checkpoint in {workdir / 'checkpoints'}")
+    check_vocab(checkpoints, step, config, vocab, workdir / "vocab.txt")
+    state = checkpoints.restore_state(step, abstract_train_state(config, len(vocab)))
     checkpoints.close()
     return config, vocab, state, step
 
@@ -60,6 +61,10 @@ def evaluate_workdir(
         ),
         source,
     )
+    if not all(math.isfinite(result[k]) for k in ("perplexity", "forward_perplexity", "backward_perplexity")):
+        raise RunFailed(
+            f"{workdir} at step {step}: the held-out perplexity is not finite ({result['perplexity']}): the model is broken"
+        )
     print(f"{workdir} at step {step} on {corpus.name}, {result['tokens']:,} predicted tokens:")
     print(f"  perplexity {result['perplexity']:.3f} (forward {result['forward_perplexity']:.3f}, backward {result['backward_perplexity']:.3f})")
     if "floor_perplexity" in result:

@@ -7,27 +7,31 @@ import functools
 import json
 import logging
 import math
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from jax.experimental import multihost_utils
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.experiment import model_config, train_hparams
+from elmo_jax.errors import UserError
+from elmo_jax.errors import RunFailed, UserError
+from elmo_jax.experiment import model_config, train_hparams, validate
 from elmo_jax.model_io import load_model, model_options
+from elmo_jax.outputs import write_text
 from elmo_jax.text.batcher import StreamBatcher, all_sentences, epochs_done, round_up
 from elmo_jax.text.demo_corpus import grammar
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
 from elmo_jax.train.checkpoint import Checkpoints
-from elmo_jax.train.evaluate import evaluate
+from elmo_jax.train.evaluate import evaluate, safe_exp
 from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
 from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.prefetch import Prefetcher
+from elmo_jax.train.run_lock import RunLock
 from elmo_jax.train.step import TrainState, init_train_state, make_train_step
 from elmo_jax.train.warm_start import warm_start
 
@@ -40,7 +44,7 @@ RESUME_FIELDS = (
 )
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(RunFailed):
     pass
 
 
@@ -55,27 +59,51 @@ def check_workdir(workdir: Path, config: ml_collections.ConfigDict) -> None:
     saved_path = workdir / "config.json"
     if not (workdir / "checkpoints").is_dir() or not saved_path.is_file():
         return
-    saved = json.loads(saved_path.read_text())
+    saved = read_json(saved_path)
     diffs = model_config(config).differences(ModelConfig.from_options(saved["model"], source=str(saved_path)))
     current = config.to_dict()
     diffs += [f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}" for k in RESUME_FIELDS if _get(current, k) != _get(saved, k)]
     if diffs:
-        raise ValueError(
+        raise UserError(
             f"{workdir} holds a checkpoint of a different run (this config vs the saved one): "
             + "; ".join(diffs)
             + ". Use another --workdir, or the saved config."
         )
 
 
+def read_json(path: Path) -> dict:
+    """A JSON file of the workdir; a damaged one is a UserError naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e}); restore it, or use another --workdir") from None
+
+
+def workdir_vocab(workdir: Path) -> Vocabulary:
+    """WORKDIR/vocab.txt, checked against the size and hash the run recorded in config.json
+    (workdirs older than that record are checked only against the checkpoint's softmax)."""
+    path = workdir / "vocab.txt"
+    vocab = Vocabulary.load(path)
+    config_path = workdir / "config.json"
+    recorded = read_json(config_path).get("vocabulary") if config_path.is_file() else None
+    if recorded is not None and vocab.record() != recorded:
+        raise UserError(
+            f"{path} ({len(vocab)} words, sha256 {vocab.record()['sha256'][:12]}) is not the vocabulary this run "
+            f"recorded in {config_path} ({recorded['words']} words, sha256 {recorded['sha256'][:12]}): it was changed "
+            "or damaged; restore it, or use another --workdir"
+        )
+    return vocab
+
+
 def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> Vocabulary:
     """The workdir's vocab.txt; on a first run it is copied from config.data.vocab or built."""
     path = workdir / "vocab.txt"
     if path.is_file():
-        vocab = Vocabulary.load(path)
+        vocab = workdir_vocab(workdir)
         if config.data.vocab:
             given = Vocabulary.load(config.data.vocab)
             if given.words != vocab.words:
-                raise ValueError(
+                raise UserError(
                     f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
                     f"vocabulary this workdir was trained with, {path} ({len(vocab)} words)"
                 )
@@ -83,7 +111,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> V
     if config.data.vocab:
         vocab = Vocabulary.load(config.data.vocab)
         if jax.process_index() == 0:
-            shutil.copyfile(config.data.vocab, path)
+            vocab.save(path)
         return vocab
     log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
     vocab, stats = build_vocabulary(all_sentences(corpus), config.data.min_count)
@@ -121,11 +149,12 @@ def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, par
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def check_vocab(checkpoints: Checkpoints, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path) -> None:
-    """Fails, naming both sizes, when the vocabulary does not fit the checkpoint's softmax."""
-    rows, expected = checkpoints.softmax_table_rows(), softmax_table_rows(config, len(vocab))
+def check_vocab(checkpoints: Checkpoints, step: int, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path) -> None:
+    """Fails, naming both sizes, when the vocabulary does not fit the softmax of the checkpoint
+    of `step`."""
+    rows, expected = checkpoints.softmax_table_rows(step), softmax_table_rows(config, len(vocab))
     if rows != expected:
-        raise ValueError(
+        raise UserError(
             f"{path} has {len(vocab)} words (a softmax of {expected} rows) but the checkpoint in "
             f"{checkpoints.directory} has a softmax of {rows} rows: not the vocabulary it was trained with"
         )
@@ -142,42 +171,97 @@ def resolve_config(config: ml_collections.ConfigDict, parallel: DataParallel) ->
     return config
 
 
+class Stopped(Exception):
+    """Raised by a stop signal once the handler is set to interrupt (the final evaluation)."""
+
+
 class Preemption:
-    """SIGTERM, seen by every process at the same step. One process: a Python signal handler
-    sets a flag the loop checks between steps. Several: JAX's preemption sync point (installed
-    by jax.distributed.initialize) makes all of them stop at the same step, so their
-    collectives and the checkpoint save line up."""
+    """SIGTERM and SIGINT, seen by every process at the same step. One process: a Python
+    signal handler sets a flag the loop checks between steps (a second SIGINT quits at once).
+    Several: JAX's preemption sync point (installed by jax.distributed.initialize) makes all of
+    them stop at the same step on SIGTERM, so their collectives and the checkpoint save line up.
+    Installed before any work, so a signal during start-up also ends the run cleanly."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle) if jax.process_count() == 1 else None
+        self.requested = None  # the signal's name once one arrived
+        self.interrupt = False  # raise Stopped from the handler instead of setting the flag
+        self._previous = {}
+        if jax.process_count() == 1:
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame):
-        self.requested = True
+        if signum == signal.SIGINT and self.requested == "SIGINT":
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        if self.interrupt:
+            raise Stopped(self.requested)
+        if signum == signal.SIGINT:
+            log.info("SIGINT: stopping after this step with a checkpoint (press Ctrl-C again to quit without one)")
 
     def reached(self, step: int) -> bool:
-        if jax.process_count() > 1:
-            self.requested = self.requested or multihost_utils.reached_preemption_sync_point(step)
-        return self.requested
+        if jax.process_count() > 1 and not self.requested and multihost_utils.reached_preemption_sync_point(step):
+            self.requested = "SIGTERM"
+        return self.requested is not None
 
     def close(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
-def _check_finite(step: int, metrics: dict[str, float], checkpoints: Checkpoints) -> None:
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def _advice(config: ml_collections.ConfigDict) -> str:
+    t = config.train
+    return (
+        f"lower config.train.learning_rate (now {t.learning_rate}), or check config.train.all_clip_norm_val "
+        f"(now {t.all_clip_norm_val}) and config.train.initial_accumulator_value (now {t.initial_accumulator_value}); "
+        "a rerun with changed values resumes from that checkpoint"
+    )
+
+
+def _check_finite(step: int, metrics: dict[str, float], checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> None:
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
         checkpoints.wait()
         raise TrainingDiverged(
-            f"step {step}: loss {metrics['loss']} and gradient norm {metrics['grad_norm']}: training "
-            f"diverged; the latest checkpoint (step {checkpoints.latest_step()}) is the last good state"
+            f"step {step}: loss {metrics['loss']} and gradient norm {metrics['grad_norm']}: training diverged; "
+            f"the latest checkpoint (step {checkpoints.latest_step()}) is the last good state. {_advice(config)}"
+        )
+
+
+def _check_state_finite(step: int, state: TrainState, checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> None:
+    """Nothing non-finite is saved: the params and optimizer state after the step's update."""
+    if not bool(_all_finite((state.params, state.opt_state))):
+        checkpoints.wait()
+        raise TrainingDiverged(
+            f"step {step}: the update left non-finite params or optimizer state (not saved): training diverged; "
+            f"the latest checkpoint (step {checkpoints.latest_step()}) is the last good state. {_advice(config)}"
         )
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, float]:
-    """Runs (or resumes) training in `workdir`; returns the final held-out evaluation."""
+    """Runs (or resumes) training in `workdir`; returns the final held-out evaluation ({} when
+    stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run)."""
+    validate(config)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(workdir) if jax.process_index() == 0 else None
+    preemption = Preemption()
+    try:
+        return _train(config, workdir, preemption)
+    finally:
+        preemption.close()
+        if lock is not None:
+            lock.release()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preemption) -> dict[str, float]:
     parallel = data_parallel(config.train.devices)
     config = resolve_config(config, parallel)
     t = config.train
@@ -186,12 +270,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     model = model_config(config)
     train_corpus = open_corpus(config.data.train, "train")
     if len(train_corpus) == 0:
-        raise ValueError(f"{train_corpus.name}: no sentences (the files are empty)")
+        raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab = prepare_vocab(config, workdir, train_corpus)
     hp = train_hparams(config, len(vocab))
     if jax.process_index() == 0:
-        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+        write_text(workdir / "config.json", json.dumps({**config.to_dict(), "vocabulary": vocab.record()}, indent=2) + "\n")
 
     batch_size = t.per_device_batch_size * parallel.size
     batcher = StreamBatcher(
@@ -213,7 +297,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     checkpoints = Checkpoints(workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints)
     abstract = abstract_train_state(config, len(vocab), parallel)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
-    start = checkpoints.latest_step()
+    start = checkpoints.good_step(quarantine=True)
     if start is None:
         init = functools.partial(init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_table_rows(config, len(vocab)))
         state = jax.jit(init, out_shardings=shardings)()
@@ -226,19 +310,23 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
                 t.init_from, rows["kept"], rows["new"],
             )
     else:
-        check_vocab(checkpoints, config, vocab, workdir / "vocab.txt")
-        state, data_state = checkpoints.restore(abstract, parallel, batch_size)
+        check_vocab(checkpoints, start, config, vocab, workdir / "vocab.txt")
+        state, data_state = checkpoints.restore(start, abstract, parallel, batch_size)
         batcher.restore(data_state)
         log.info("resumed from the checkpoint at step %d", start)
+    if preemption.requested:
+        log.info("stopped during start-up (%s): nothing run since step %d, exiting", preemption.requested, start)
+        checkpoints.close()
+        return {}
 
     compile_start = time.monotonic()
     step_fn = make_train_step(model, hp, t.scan_unroll, parallel, shardings)
     writer = MetricWriter(workdir)
     bar = ProgressBar(total_steps)
-    preemption = Preemption()
     prefetch = Prefetcher(batcher, parallel.put_batch)
     pending = None  # (step, device metrics) not yet read
     window = {"start": time.monotonic(), "steps": 0, "tokens": 0, "sums": {}}
+    accumulate = functools.partial(_accumulate, window, checkpoints, config)
     softmax = "sampled" if hp.sample_softmax else "full"
     step = start
     stopped = False
@@ -251,15 +339,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
                 window["start"] = bar.start = time.monotonic()  # rates exclude the compile
             # Read the previous step's numbers while this one runs.
             if pending is not None:
-                _accumulate(window, checkpoints, *pending)
+                accumulate(*pending)
             pending = (step, metrics)
             stopped = preemption.reached(step)
             must_save = checkpoints.is_due(step) or step == total_steps or stopped
             if must_save or step % t.log_every == 0:
-                _accumulate(window, checkpoints, *pending)  # this step must be good first
+                accumulate(*pending)  # this step must be good first
                 pending = None
             if step % t.log_every == 0:
                 _log_train(window, step, total_steps, epochs_done(data_state, len(train_corpus)), writer, softmax)
+            if must_save:
+                _check_state_finite(step, state, checkpoints, config)
             if stopped:
                 checkpoints.save_and_wait(step, state, data_state, parallel)
             elif must_save:
@@ -271,28 +361,31 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
                 _log_eval(step, eval_summary(result, config.data.heldout), writer)
             bar.update(step, start + 1, f"loss {window.get('last_loss', float('nan')):.3f}")
             if stopped:
-                log.info("preempted (SIGTERM): saved the checkpoint at step %d, exiting", step)
+                log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
                 break
     finally:
         bar.clear()
         prefetch.close()
-        preemption.close()
         checkpoints.wait()
         checkpoints.close()
     result = {}
     if heldout is not None and not stopped:
-        result = eval_summary(
-            evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, parallel=parallel),
-            config.data.heldout,
-        )
-        _log_eval(step, result, writer)
+        preemption.interrupt = True
+        try:
+            result = eval_summary(
+                evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, parallel=parallel),
+                config.data.heldout,
+            )
+            _log_eval(step, result, writer)
+        except Stopped as signal_name:
+            log.info("stopped during the final evaluation (%s): every step is saved; `launch.py eval` evaluates it", signal_name)
     writer.close()
     return result
 
 
-def _accumulate(window: dict, checkpoints: Checkpoints, step: int, metrics) -> None:
+def _accumulate(window: dict, checkpoints: Checkpoints, config: ml_collections.ConfigDict, step: int, metrics) -> None:
     values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    _check_finite(step, values, checkpoints)
+    _check_finite(step, values, checkpoints, config)
     window["steps"] += 1
     window["tokens"] += values.pop("tokens")
     for k, v in values.items():
@@ -309,8 +402,8 @@ def _log_train(window: dict, step: int, total: int, epoch: float, writer: Metric
     step_time = elapsed / n
     values = {
         **mean,
-        "perplexity_forward": math.exp(mean["loss_forward"]),
-        "perplexity_backward": math.exp(mean["loss_backward"]),
+        "perplexity_forward": safe_exp(mean["loss_forward"]),
+        "perplexity_backward": safe_exp(mean["loss_backward"]),
         "tokens_per_sec": window["tokens"] / max(elapsed, 1e-9),
         "step_time_s": step_time,
         "epoch": epoch,
