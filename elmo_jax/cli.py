@@ -3,13 +3,21 @@
 Commands: vocab (count a source into a vocabulary file), train (from an experiment config), eval (a workdir's latest checkpoint), import
 (bilm-tf options + weights -> params checkpoint), export (-> bilm-tf options + weights), embed
 (a text file -> ELMo layers in HDF5).
+
+Outputs never clobber (elmo_jax/outputs.py): an existing one is refused unless --overwrite.
+Errors the user can fix (files, flags, settings, formats) are one line on stderr with exit
+status 2; a run that cannot go on (divergence, a failed save, a full disk) one line with exit
+status 1; --verbose (or ELMO_JAX_TRACEBACK=1) shows their tracebacks. Only bugs show them
+unasked.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +25,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.host_memory import keep_freed_memory
 
 FLAGS = flags.FLAGS
@@ -33,6 +42,10 @@ flags.DEFINE_string("input", None, "embed: text file, one whitespace-tokenized s
 flags.DEFINE_string("output", None, "embed: output HDF5 file.")
 flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "embed: which layers to write.")
 flags.DEFINE_bool("stateful", False, "embed: carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
+flags.DEFINE_integer("max_tokens", 8192, "embed: padded positions (sentences x length) per batch; longer lines run alone.")
+flags.DEFINE_integer("max_sentence_tokens", 100_000, "embed: a line with more tokens is refused (not one sentence).")
+flags.DEFINE_bool("overwrite", False, "vocab, import, export, embed: replace an existing output (whole, atomically).")
+flags.DEFINE_bool("verbose", False, "Show the traceback of an error (also: ELMO_JAX_TRACEBACK=1).")
 flags.DEFINE_string("coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's cluster detection).")
 flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0 .. num_processes - 1.")
@@ -71,7 +84,12 @@ def parse_flags(argv: list[str]) -> list[str]:
             unknown = [b for b in bad if b not in valid]
             if unknown:
                 message = f"{Path(argv[0]).name}: unknown config key(s) {', '.join(unknown)}. Valid keys:\n  " + "\n  ".join(valid)
-        sys.exit(message)
+        _fail(message, 2)
+
+
+def _fail(message: str, status: int) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(status)
 
 
 def _setup_logging() -> None:
@@ -83,7 +101,7 @@ def _setup_logging() -> None:
 def _require(*names: str) -> None:
     missing = [f"--{n}" for n in names if getattr(FLAGS, n) is None]
     if missing:
-        sys.exit(f"launch.py: {' '.join(missing)} required")
+        raise UserError(f"{' '.join(missing)} required")
 
 
 def cmd_train() -> None:
@@ -109,7 +127,7 @@ def cmd_import() -> None:
 
     _require("options", "weights", "out")
     model = load_model(options=FLAGS.options, weights=FLAGS.weights)
-    save_imported(model, FLAGS.out)
+    save_imported(model, FLAGS.out, FLAGS.overwrite, (FLAGS.options, FLAGS.weights))
     log.info("imported %s + %s into %s (embedding-only: the file holds no softmax)", FLAGS.options, FLAGS.weights, FLAGS.out)
 
 
@@ -117,7 +135,7 @@ def cmd_export() -> None:
     from elmo_jax.model_io import export_model, load_model
 
     _require("workdir", "out")
-    export_model(load_model(FLAGS.workdir), FLAGS.out)
+    export_model(load_model(FLAGS.workdir), FLAGS.out, FLAGS.overwrite, (FLAGS.workdir,))
     log.info("exported %s to %s (options.json, weights.hdf5%s)", FLAGS.workdir, FLAGS.out,
              ", vocab.txt" if (Path(FLAGS.out) / "vocab.txt").is_file() else "")
 
@@ -125,22 +143,32 @@ def cmd_export() -> None:
 def cmd_embed() -> None:
     from elmo_jax.embed import embed_file
     from elmo_jax.model_io import load_model
+    from elmo_jax.outputs import check_output
 
     _require("input", "output")
     if FLAGS.workdir is None and (FLAGS.options is None or FLAGS.weights is None):
-        sys.exit("launch.py embed: give --workdir (a workdir or imported model) or --options and --weights")
+        raise UserError("give --workdir (a workdir or imported model) or --options and --weights")
+    inputs = (FLAGS.input, FLAGS.workdir, FLAGS.options, FLAGS.weights)
+    check_output(FLAGS.output, FLAGS.overwrite, inputs, "--output")  # before loading the model
     model = load_model(FLAGS.workdir, FLAGS.options, FLAGS.weights)
-    n = embed_file(model, FLAGS.input, FLAGS.output, FLAGS.layers, FLAGS.batch_size or 64, FLAGS.stateful)
+    n = embed_file(
+        model, FLAGS.input, FLAGS.output, FLAGS.layers, FLAGS.batch_size or 64, FLAGS.stateful,
+        max_tokens=FLAGS.max_tokens, max_sentence_tokens=FLAGS.max_sentence_tokens, overwrite=FLAGS.overwrite,
+    )
     log.info("embedded %d lines of %s into %s (layers: %s)", n, FLAGS.input, FLAGS.output, FLAGS.layers)
 
 
 def cmd_vocab() -> None:
     from elmo_jax.text.sources import stream_sentences
+    from elmo_jax.outputs import check_output, replacing
     from elmo_jax.text.vocab import build_vocabulary, summary
 
     _require("data", "out")
+    inputs = _source_files(FLAGS.data)
+    check_output(FLAGS.out, FLAGS.overwrite, inputs, "--out")  # before counting
     vocab, stats = build_vocabulary(stream_sentences(FLAGS.data), FLAGS["min-count"].value)
-    vocab.save(FLAGS.out)
+    with replacing(FLAGS.out, FLAGS.overwrite, inputs, "--out") as tmp:
+        vocab.save(tmp)
     log.info("%s: %s; written to %s", FLAGS.data, summary(stats), FLAGS.out)
     print(json.dumps(stats))
 
@@ -148,18 +176,42 @@ def cmd_vocab() -> None:
 COMMANDS = {"vocab": cmd_vocab, "train": cmd_train, "eval": cmd_eval, "import": cmd_import, "export": cmd_export, "embed": cmd_embed}
 
 
+def _source_files(source: str) -> tuple[str, ...]:
+    """The files or folder a text:GLOB / lm1b:PATH source reads (an output must not be one)."""
+    kind, _, path = source.partition(":")
+    return tuple(glob.glob(path)) if kind == "text" else (path,) if kind == "lm1b" else ()
+
+
 def main(argv: list[str]) -> None:
     _setup_logging()
     keep_freed_memory()
     if len(argv) != 2 or argv[1] not in COMMANDS:
-        sys.exit(f"usage: launch.py COMMAND [--flags]; COMMAND is one of: {', '.join(COMMANDS)}")
+        _fail(f"usage: launch.py COMMAND [--flags]; COMMAND is one of: {', '.join(COMMANDS)}", 2)
+    try:
+        _run(argv[1])
+    except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        _report(argv[1], e, 2)
+    except (RunFailed, OSError) as e:
+        _report(argv[1], e, 1)
+    except KeyboardInterrupt:
+        _fail(f"launch.py {argv[1]}: interrupted", 130)
+
+
+def _report(command: str, error: BaseException, status: int) -> None:
+    """One line, unless --verbose or ELMO_JAX_TRACEBACK=1 asks for the traceback."""
+    if FLAGS.verbose or os.environ.get("ELMO_JAX_TRACEBACK") == "1":
+        raise error
+    _fail(f"launch.py {command}: {error}", status)
+
+
+def _run(command: str) -> None:
     if FLAGS.coordinator is not None:
         from elmo_jax.distributed import initialize
 
         try:
             initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id, FLAGS.coordinator_timeout)
-        except (ValueError, ConnectionError) as e:
-            sys.exit(f"launch.py: {e}")
+        except ConnectionError as e:
+            raise UserError(str(e)) from None
     elif FLAGS.num_processes is not None or FLAGS.process_id is not None:
-        sys.exit("launch.py: --num_processes and --process_id need --coordinator=HOST:PORT (or auto)")
-    COMMANDS[argv[1]]()
+        raise UserError("--num_processes and --process_id need --coordinator=HOST:PORT (or auto)")
+    COMMANDS[command]()

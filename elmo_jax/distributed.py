@@ -10,6 +10,8 @@ import time
 
 import jax
 
+from elmo_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -35,9 +37,9 @@ def initialize(coordinator: str, num_processes: int | None, process_id: int | No
         return
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"--coordinator={coordinator!r}: expected HOST:PORT or auto")
+        raise UserError(f"--coordinator={coordinator!r}: expected HOST:PORT or auto")
     if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
-        raise ValueError(
+        raise UserError(
             f"--coordinator needs --num_processes=N and --process_id=I with 0 <= I < N "
             f"(got {num_processes} and {process_id})"
         )

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from elmo_jax.errors import UserError
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
 from elmo_jax.text.vocab import Vocabulary
 
@@ -118,11 +119,11 @@ class StreamBatcher:
         char_window: int | None = None,
     ):
         if len(corpus) == 0:
-            raise ValueError(f"{corpus.name}: the corpus holds no sentences")
+            raise UserError(f"{corpus.name}: the corpus holds no sentences")
         if len(corpus) < batch_size and not single_pass:
-            raise ValueError(f"{corpus.name}: {len(corpus)} sentences cannot fill {batch_size} rows")
+            raise UserError(f"{corpus.name}: {len(corpus)} sentences cannot fill {batch_size} rows")
         if batch_size % groups:
-            raise ValueError(f"batch_size={batch_size} rows cannot form {groups} equal groups")
+            raise UserError(f"batch_size={batch_size} rows cannot form {groups} equal groups")
         self.groups, self.group_rows = groups, batch_size // groups
         self.char_window = char_window
         self.corpus, self.vocab = corpus, vocab

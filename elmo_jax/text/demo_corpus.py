@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from elmo_jax.errors import UserError
+
 TOPIC_WORDS = {
     "money": (
         "money loan account credit interest cash fund tax budget debt price market investor "
@@ -242,7 +244,7 @@ class DemoCorpus:
 
     def __init__(self, split: str = "train", seed: int = 0, size: int | None = None):
         if split not in SPLITS:
-            raise ValueError(f"unknown demo split {split!r}; expected one of {sorted(SPLITS)}")
+            raise UserError(f"unknown demo split {split!r}; expected one of {sorted(SPLITS)}")
         self.split_id, default_size = SPLITS[split]
         self.size = default_size if size is None else size
         self.seed = seed

@@ -22,6 +22,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from elmo_jax.errors import MissingFile, UserError
+
 log = logging.getLogger(__name__)
 
 LM1B_DIR = "1-billion-word-language-modeling-benchmark-r13output"
@@ -75,7 +77,7 @@ class Shard:
         for name, f in iter_archive(self.path):
             if name == self.member:
                 return _non_empty(f)
-        raise FileNotFoundError(f"{self.path}: no member {self.member}")
+        raise MissingFile(f"{self.path}: no member {self.member}")
 
 
 def iter_archive(path: Path) -> Iterator[tuple[str, object]]:
@@ -89,7 +91,7 @@ def iter_archive(path: Path) -> Iterator[tuple[str, object]]:
                     name = info.name
                     yield name, archive.extractfile(info)
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise ValueError(f"{path}: corrupt or truncated archive, while reading {name}: {e}") from None
+        raise UserError(f"{path}: corrupt or truncated archive, while reading {name}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -216,16 +218,16 @@ def lm1b_shards(path: Path, split: str) -> list[Shard]:
             files = sorted(root.glob(pattern))
             if files:
                 return [Shard(f) for f in files]
-        raise FileNotFoundError(
+        raise MissingFile(
             f"lm1b:{path}: no file matches {pattern} in {path} or {path / LM1B_DIR} (expected the LM1B "
             f"folder {LM1B_DIR}/ or the folder holding it)"
         )
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         members = [name for name, _ in iter_archive(path) if fnmatch.fnmatch(name, f"*{pattern}")]
         if not members:
-            raise FileNotFoundError(f"lm1b:{path}: the archive has no member matching */{pattern}")
+            raise MissingFile(f"lm1b:{path}: the archive has no member matching */{pattern}")
         return [Shard(path, m) for m in sorted(members)]
-    raise FileNotFoundError(f"lm1b:{path}: neither a folder nor a .tar.gz archive")
+    raise MissingFile(f"lm1b:{path}: neither a folder nor a .tar.gz archive")
 
 
 TFDS_SPLITS = {"train": "train", "heldout": "test"}

@@ -19,6 +19,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator
 
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.text.batcher import Corpus, all_sentences
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards, tfds_blocks, warn_invalid_utf8
@@ -63,13 +64,13 @@ def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
         pattern = source[len("text:") :]
         paths = sorted(Path(p) for p in glob.glob(pattern))
         if not paths:
-            raise FileNotFoundError(f"{source}: no file matches {pattern}")
+            raise MissingFile(f"{source}: no file matches {pattern}")
         return ShardedCorpus(source, [Shard(p) for p in paths])
     if source.startswith("lm1b:"):
         return ShardedCorpus(f"{source} ({split})", lm1b_shards(Path(source[len("lm1b:") :]), split))
     if source.startswith("tfds:"):
         return ShardedCorpus(f"{source} ({split})", tfds_blocks(source[len("tfds:") :], split))
-    raise ValueError(f"unknown data source {source!r}; expected {SOURCES}")
+    raise UserError(f"unknown data source {source!r}; expected {SOURCES}")
 
 
 def stream_sentences(source: str, split: str = "train") -> Iterator[list[str]]:

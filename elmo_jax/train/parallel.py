@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from elmo_jax.errors import UserError
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.text.batcher import bucket_size, round_up
 
@@ -31,9 +32,9 @@ class DataParallel:
         available = jax.devices()
         n = devices or len(available)
         if not 0 < n <= len(available):
-            raise ValueError(f"config.train.devices={devices}: this run sees {len(available)} device(s)")
+            raise UserError(f"config.train.devices={devices}: this run sees {len(available)} device(s)")
         if jax.process_count() > 1 and n != len(available):
-            raise ValueError(
+            raise UserError(
                 f"config.train.devices={devices}: a multi-process run uses all {len(available)} devices "
                 f"of its {jax.process_count()} processes (devices=0)"
             )
@@ -53,7 +54,7 @@ class DataParallel:
     # -- batches ----------------------------------------------------------------------------
     def check_rows(self, global_rows: int, what: str) -> None:
         if global_rows % self.size:
-            raise ValueError(
+            raise UserError(
                 f"{what}={global_rows} rows cannot be split evenly over {self.size} devices; use a "
                 f"multiple of {self.size}"
             )
