@@ -92,8 +92,16 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+def _not_an_orbax_thread_error(record: logging.LogRecord) -> bool:
+    """Orbax logs a failed asynchronous save from each of its threads, with tracebacks; the
+    error also reaches the training loop, which reports it in one line."""
+    return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_an_orbax_thread_error)
     for noisy in ("absl", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -201,7 +209,10 @@ def _report(command: str, error: BaseException, status: int) -> None:
     """One line, unless --verbose or ELMO_JAX_TRACEBACK=1 asks for the traceback."""
     if FLAGS.verbose or os.environ.get("ELMO_JAX_TRACEBACK") == "1":
         raise error
-    _fail(f"launch.py {command}: {error}", status)
+    print(f"launch.py {command}: {error}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # no interpreter teardown: a failed save's threads would print their own tracebacks
 
 
 def _run(command: str) -> None:

@@ -182,7 +182,7 @@ class Checkpoints:
         previous = [s for s in self.manager.all_steps() if s < step]
         return CheckpointSaveError(
             f"saving a checkpoint in {self.directory} failed ({type(error).__name__}: {error}); "
-            f"the previous checkpoint (step {max(previous) if previous else 'none'}) is intact"
+            + (f"the previous checkpoint (step {max(previous)}) is intact" if previous else "no checkpoint was lost")
         )
 
     def save_and_wait(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel, tries: int = 3) -> None:
