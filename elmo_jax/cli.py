@@ -75,8 +75,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     """absl parsing; an unknown --config.x override fails listing the valid keys."""
     try:
         return FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-        message = f"{Path(argv[0]).name}: {e}"
+    except Exception as e:  # flag values, or the experiment file's own code (a SyntaxError names its line)
+        message = f"{Path(argv[0]).name}: {e if isinstance(e, flags.Error) else f'{type(e).__name__}: {e}'}"
         bad = [a.split("=")[0].lstrip("-") for a in argv[1:] if a.startswith("--config.")]
         config_path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
         if bad and config_path and Path(config_path).is_file():
@@ -116,6 +116,11 @@ def cmd_train() -> None:
     from elmo_jax.train.loop import train
 
     _require("config", "workdir")
+    try:
+        FLAGS.config.keys()
+    except OSError as e:  # ml_collections keeps a config file that failed to load as an error object
+        reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
+        raise UserError(f"--config={FLAGS['config'].config_filename}: cannot be loaded ({reason})") from None
     print(FLAGS.config)
     result = train(FLAGS.config, FLAGS.workdir)
     if result:
@@ -167,8 +172,8 @@ def cmd_embed() -> None:
 
 
 def cmd_vocab() -> None:
-    from elmo_jax.text.sources import stream_sentences
     from elmo_jax.outputs import check_output, replacing
+    from elmo_jax.text.sources import stream_sentences
     from elmo_jax.text.vocab import build_vocabulary, summary
 
     _require("data", "out")

@@ -79,6 +79,12 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
     result = run_cli(["train", "--config=experiments/demo.py", f"--workdir={tmp_path / 'w'}", "--config.train.dropout=2.0"])
     assert_one_line_error(result, 2, "config.train.dropout=2.0: must be in [0, 1)")
 
+    (tmp_path / "bad.py").write_text("def get_config(:\n")
+    result = run_cli(["train", f"--config={tmp_path / 'bad.py'}", f"--workdir={tmp_path / 'w'}"])
+    assert_one_line_error(result, 2, "SyntaxError: invalid syntax (bad.py, line 1)")
+    result = run_cli(["train", f"--config={tmp_path / 'none.py'}", f"--workdir={tmp_path / 'w'}"])
+    assert_one_line_error(result, 2, "none.py: cannot be loaded", "No such file")
+
     (tmp_path / "w2").mkdir()
     (tmp_path / "w2" / "config.json").write_text("{not json")
     (tmp_path / "w2" / "checkpoints").mkdir()
