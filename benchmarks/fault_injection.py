@@ -142,7 +142,9 @@ def main() -> None:
                 code, out = run(workdir, args.steps)
                 tail = out.strip().splitlines()[-1] if out.strip() else ""
                 detail = f"exit {code}: {tail[:160]}"
-                if code not in (0, 1) or "Traceback" in out:
+                # Exit 1 with our one line last; TensorStore's own "Event loop is closed" tracebacks
+                # on stderr are known noise (see the README), not a lost run.
+                if code not in (0, 1) or (code == 1 and "saving a checkpoint" not in tail):
                     print(f"  disk_full: unexpected\n{out[-3000:]}")
                     episode_lost = True
                 subprocess.run(["mount", "-o", "remount,size=4g", str(workdir)], check=True)
