@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from elmo_jax.errors import UserError
+from elmo_jax.errors import MissingFile, UserError
 
 ACTIVATIONS = ("relu", "tanh")
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -134,14 +134,7 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
-        path = Path(path)
-        try:
-            options = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"options file not found: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_options(options, source=str(path))
+        return cls.from_options(read_json(path, "options file"), source=str(path))
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         """Writes options.json; `extra` adds bilm-tf training fields (TrainHParams.options_fields)."""
@@ -150,6 +143,17 @@ class ModelConfig:
     def differences(self, other: ModelConfig) -> list[str]:
         """Names of the options fields (`lstm.dim`, ...) whose values differ from `other`."""
         return _dict_differences(self.to_options(), other.to_options())
+
+
+def read_json(path: str | Path, what: str = "file", hint: str = "") -> Any:
+    """A JSON file; a missing or unparsable one is a UserError naming it, `hint` appended."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MissingFile(f"{what} not found: {path}{hint}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e}){hint}") from None
 
 
 def _is_bool(value: Any) -> bool:

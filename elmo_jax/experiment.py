@@ -73,10 +73,11 @@ def _count(minimum: int):
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum, f"an integer >= {minimum}"
 
 
-def _number(low: float, high: float = math.inf, high_open: bool = True):
-    ok = lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low < v
-                    and (v < high if high_open else v <= high))
-    return ok, f"a finite number in ({low}, {high}{')' if high_open else ']'}"
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_POSITIVE = (lambda v: _is_number(v) and math.isfinite(v) and v > 0, "a finite number in (0, inf)")
 
 
 _BOOL = (lambda v: isinstance(v, bool), "true or false")
@@ -90,11 +91,11 @@ SETTINGS = {
     "train.unroll_steps": _count(1),
     "train.sample_softmax": _BOOL,
     "train.n_negative_samples_batch": _count(1),
-    "train.dropout": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"),
-    "train.all_clip_norm_val": _number(0),
-    "train.learning_rate": _number(0),
-    "train.initial_accumulator_value": _number(0),
-    "train.n_epochs": _number(0),
+    "train.dropout": (lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)"),
+    "train.all_clip_norm_val": _POSITIVE,
+    "train.learning_rate": _POSITIVE,
+    "train.initial_accumulator_value": _POSITIVE,
+    "train.n_epochs": _POSITIVE,
     "train.max_steps": _count(0),
     "train.seed": _count(0),
     "train.scan_unroll": _count(1),

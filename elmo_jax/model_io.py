@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from elmo_jax.config import ModelConfig
+from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model.bilm import init_params
@@ -66,7 +66,7 @@ def model_options(path: str | Path) -> dict:
     without loading weights)."""
     path = Path(path)
     if (path / "config.json").is_file():
-        return json.loads((path / "config.json").read_text())["model"]
+        return read_json(path / "config.json")["model"]
     if (path / "options.json").is_file():
         return ModelConfig.load(path / "options.json").to_options()
     raise MissingFile(f"{path}: neither a training workdir (config.json) nor a model folder (options.json)")
@@ -74,7 +74,7 @@ def model_options(path: str | Path) -> dict:
 
 def _softmax_rows(path: Path) -> int | None:
     meta = path / "params_meta.json"
-    return json.loads(meta.read_text()).get("softmax_rows") if meta.is_file() else None
+    return read_json(meta).get("softmax_rows") if meta.is_file() else None
 
 
 def _load_workdir(workdir: Path) -> Model:

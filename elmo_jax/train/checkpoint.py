@@ -136,9 +136,7 @@ class Checkpoints:
 
     def _verify(self, step: int) -> None:
         step_dir = self.directory / str(step)
-        if step_dir.is_dir() and not any((step_dir / item / MANIFEST).exists() for item in ITEMS) and all(
-            (step_dir / item).is_dir() for item in ITEMS
-        ):
+        if all((step_dir / item).is_dir() and not (step_dir / item / MANIFEST).exists() for item in ITEMS):
             log.warning("the checkpoint of step %d in %s has no checksums (an older elmo_jax wrote it): not verified",
                         step, self.directory)
             return

@@ -26,7 +26,10 @@ from elmo_jax.train.step import eval_step
 
 def safe_exp(x: float) -> float:
     """exp, with inf past the float range instead of OverflowError (and NaN kept)."""
-    return math.exp(x) if not x > 709.0 else math.inf
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 @functools.cache

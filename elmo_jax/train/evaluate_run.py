@@ -13,7 +13,7 @@ from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate
-from elmo_jax.train.loop import abstract_train_state, check_vocab, eval_summary, read_json, workdir_vocab
+from elmo_jax.train.loop import abstract_train_state, check_vocab, eval_summary, read_run_json, workdir_vocab
 from elmo_jax.train.step import TrainState
 
 
@@ -22,7 +22,7 @@ def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
     path = workdir / "config.json"
     if not path.is_file():
         raise MissingFile(f"{workdir} is not a training workdir: {path} not found")
-    saved = read_json(path)
+    saved = read_run_json(path)
     config = base_config(saved["model"]).to_dict()
     for section in ("train", "data"):
         config[section].update(saved.get(section, {}))

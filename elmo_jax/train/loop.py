@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.experimental import multihost_utils
 
-from elmo_jax.config import ModelConfig
-from elmo_jax.errors import UserError
+from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.experiment import model_config, train_hparams, validate
 from elmo_jax.model_io import load_model, model_options
@@ -59,7 +58,7 @@ def check_workdir(workdir: Path, config: ml_collections.ConfigDict) -> None:
     saved_path = workdir / "config.json"
     if not (workdir / "checkpoints").is_dir() or not saved_path.is_file():
         return
-    saved = read_json(saved_path)
+    saved = read_run_json(saved_path)
     diffs = model_config(config).differences(ModelConfig.from_options(saved["model"], source=str(saved_path)))
     current = config.to_dict()
     diffs += [f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}" for k in RESUME_FIELDS if _get(current, k) != _get(saved, k)]
@@ -71,12 +70,9 @@ def check_workdir(workdir: Path, config: ml_collections.ConfigDict) -> None:
         )
 
 
-def read_json(path: Path) -> dict:
-    """A JSON file of the workdir; a damaged one is a UserError naming it."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e}); restore it, or use another --workdir") from None
+def read_run_json(path: Path) -> dict:
+    """A JSON file of the workdir (config.json); a damaged one is a UserError naming it."""
+    return read_json(path, hint="; restore it, or use another --workdir")
 
 
 def workdir_vocab(workdir: Path) -> Vocabulary:
@@ -85,7 +81,7 @@ def workdir_vocab(workdir: Path) -> Vocabulary:
     path = workdir / "vocab.txt"
     vocab = Vocabulary.load(path)
     config_path = workdir / "config.json"
-    recorded = read_json(config_path).get("vocabulary") if config_path.is_file() else None
+    recorded = read_run_json(config_path).get("vocabulary") if config_path.is_file() else None
     if recorded is not None and vocab.record() != recorded:
         raise UserError(
             f"{path} ({len(vocab)} words, sha256 {vocab.record()['sha256'][:12]}) is not the vocabulary this run "
@@ -226,23 +222,24 @@ def _advice(config: ml_collections.ConfigDict) -> str:
     )
 
 
+def _diverged(step: int, what: str, checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> TrainingDiverged:
+    """The error for a non-finite `what` at `step`, once the save in flight has landed."""
+    checkpoints.wait()
+    return TrainingDiverged(
+        f"step {step}: {what}: training diverged; the latest checkpoint (step {checkpoints.latest_step()}) is the "
+        f"last good state. {_advice(config)}"
+    )
+
+
 def _check_finite(step: int, metrics: dict[str, float], checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> None:
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
-        checkpoints.wait()
-        raise TrainingDiverged(
-            f"step {step}: loss {metrics['loss']} and gradient norm {metrics['grad_norm']}: training diverged; "
-            f"the latest checkpoint (step {checkpoints.latest_step()}) is the last good state. {_advice(config)}"
-        )
+        raise _diverged(step, f"loss {metrics['loss']} and gradient norm {metrics['grad_norm']}", checkpoints, config)
 
 
 def _check_state_finite(step: int, state: TrainState, checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> None:
     """Nothing non-finite is saved: the params and optimizer state after the step's update."""
     if not bool(_all_finite((state.params, state.opt_state))):
-        checkpoints.wait()
-        raise TrainingDiverged(
-            f"step {step}: the update left non-finite params or optimizer state (not saved): training diverged; "
-            f"the latest checkpoint (step {checkpoints.latest_step()}) is the last good state. {_advice(config)}"
-        )
+        raise _diverged(step, "the update left non-finite params or optimizer state (not saved)", checkpoints, config)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, float]:
