@@ -77,11 +77,20 @@ def random_model(tmp_path_factory):
     return folder
 
 
-def _kill_at_random(args, seconds: float, seed: int) -> None:
+def _kill_while_writing(args, target, seed: int) -> bool:
+    """Starts a command and kills it (-9) soon after its temporary output appears beside
+    `target`; whether it was seen (else the command ended first)."""
     proc = start_cli(args)
-    time.sleep(random.Random(seed).uniform(0, seconds))
-    proc.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if list(target.parent.glob(f".{target.name}.tmp-*")):
+            time.sleep(random.Random(seed).uniform(0, 0.3))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.005)
     proc.wait()
+    return False
 
 
 @pytest.mark.slow
@@ -91,15 +100,13 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     src.write_text((text_data / "train.txt").read_text() * 10)
     out = tmp_path / "out.h5"
     out.write_bytes(b"the old output")
-    started = time.monotonic()
-    done = run_cli(["embed", f"--input={src}", f"--output={tmp_path / 'whole.h5'}", *model])
-    assert done.returncode == 0, done.stderr
-    whole = time.monotonic() - started
+    killed = []
     for seed in range(3):
-        _kill_at_random(["embed", f"--input={src}", f"--output={out}", "--overwrite", *model], whole, seed)
+        killed.append(_kill_while_writing(["embed", f"--input={src}", f"--output={out}", "--overwrite", *model], out, seed))
         if out.read_bytes() != b"the old output":
             with h5py.File(out) as f:
                 assert len(f) == 2401  # 2,400 lines and sentence_to_index: complete
+    assert any(killed)  # at least one kill landed while the output was being written
 
     imported = tmp_path / "imported"
     assert run_cli(["import", *model, f"--out={imported}"]).returncode == 0
@@ -109,7 +116,7 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     exported.mkdir()
     (exported / "vocab.txt").write_text("a stale vocabulary\n")
     for seed in range(3):
-        _kill_at_random(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"], 6.0, seed)
+        _kill_while_writing(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"], exported, seed)
         names = sorted(p.name for p in exported.iterdir())
         assert names in (["vocab.txt"], ["options.json", "weights.hdf5"]), names
     result = run_cli(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"])
