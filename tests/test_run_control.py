@@ -28,8 +28,10 @@ def test_one_trainer_per_workdir_sigint_saves_and_a_stale_lock_is_taken_over(tmp
     assert "stopped (SIGINT)" in out and _saved_steps(workdir)[-1] == max(losses(workdir))  # nothing lost
 
     third = start_cli(cli_train_args(text_data, workdir, 100_000))
-    wait_for_checkpoint(workdir, third, after=_saved_steps(workdir)[-1])
-    third.kill()  # kill -9: the lock file still names it
+    deadline = time.monotonic() + 60
+    while f"pid {third.pid}" not in (workdir / "train.lock").read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    third.kill()  # kill -9 while it holds the lock: the lock file still names it
     third.wait()
     assert f"pid {third.pid}" in (workdir / "train.lock").read_text()
     resumed_at = _saved_steps(workdir)[-1]
