@@ -127,7 +127,9 @@ def main() -> None:
             elif kind == "damage":
                 if not steps_on_disk(workdir):
                     run(workdir, args.steps, rng.uniform(0.5, 1.0) * run_seconds)
-                detail = damage(workdir, rng) if steps_on_disk(workdir) else "no checkpoint to damage"
+                if not steps_on_disk(workdir):  # killed before its first checkpoint: a whole run
+                    run(workdir, args.steps)
+                detail = damage(workdir, rng)
             else:  # disk_full: the workdir on a tmpfs a little larger than what it holds now
                 workdir.mkdir(parents=True, exist_ok=True)
                 held = sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file())
