@@ -3,7 +3,12 @@ bilm-tf's options.json + weights.hdf5; and exporting to the latter.
 
 An imported or exported folder holds `options.json` (the model config), plus `params/` (an
 Orbax checkpoint of the params pytree) for imports, or `weights.hdf5` (bilm-tf layout) and
-`vocab.txt` (when the model has a softmax vocabulary) for exports.
+`vocab.txt` (when the model has a softmax vocabulary) for exports. A folder of bilm-tf files
+may keep their published names (`elmo_2x4096_512_2048cnn_2xhighway_options.json`,
+`..._weights.hdf5`, `lm_weights.hdf5`): one `*options.json` and one `*weights.hdf5`.
+
+Params always come back as JAX arrays (on the default device), whatever file they came from, so
+functions that close over them can be jitted.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 from pathlib import Path
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from elmo_jax.config import ModelConfig, read_json
@@ -39,10 +44,12 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
         if options is None or weights is None:
             raise UserError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
         config = ModelConfig.load(options)
-        return Model(config, jax.tree.map(np.asarray, load_weights(weights, config)))
+        return Model(config, jax.tree.map(jnp.asarray, load_weights(weights, config)))
     path = Path(path)
     if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
         return _load_workdir(path)
+    if not path.is_dir():
+        raise MissingFile(f"model folder not found: {path}")
     vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
     if (path / "options.json").is_file() and (path / "params").is_dir():
         config = ModelConfig.load(path / "options.json")
@@ -52,13 +59,24 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
         abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, rows))
         params = ocp.StandardCheckpointer().restore((path / "params").absolute(), abstract)
         return Model(config, params, vocab)
-    if (path / "options.json").is_file() and (path / "weights.hdf5").is_file():
-        model = load_model(options=path / "options.json", weights=path / "weights.hdf5")
-        return dataclasses.replace(model, vocab=vocab)
+    options, weights = _one_file(path, "options.json"), _one_file(path, "weights.hdf5")
+    if options is not None and weights is not None:
+        return dataclasses.replace(load_model(options=options, weights=weights), vocab=vocab)
     raise MissingFile(
         f"{path} is neither a training workdir (config.json + checkpoints/), an imported model "
-        f"(options.json + params/) nor an exported one (options.json + weights.hdf5)"
+        f"(options.json + params/) nor bilm-tf files (*options.json + *weights.hdf5)"
     )
+
+
+def _one_file(folder: Path, suffix: str) -> Path | None:
+    """FOLDER/suffix, else the one file named *suffix (bilm-tf's published names); None when
+    there is none, an error naming them when there are several."""
+    if (folder / suffix).is_file():
+        return folder / suffix
+    found = sorted(p for p in folder.glob(f"*{suffix}") if p.is_file())
+    if len(found) > 1:
+        raise UserError(f"{folder}: several *{suffix} files ({', '.join(p.name for p in found)}); give --options and --weights")
+    return found[0] if found else None
 
 
 def model_options(path: str | Path) -> dict:
@@ -67,9 +85,10 @@ def model_options(path: str | Path) -> dict:
     path = Path(path)
     if (path / "config.json").is_file():
         return read_json(path / "config.json")["model"]
-    if (path / "options.json").is_file():
-        return ModelConfig.load(path / "options.json").to_options()
-    raise MissingFile(f"{path}: neither a training workdir (config.json) nor a model folder (options.json)")
+    options = _one_file(path, "options.json") if path.is_dir() else None
+    if options is not None:
+        return ModelConfig.load(options).to_options()
+    raise MissingFile(f"{path}: neither a training workdir (config.json) nor a model folder (*options.json)")
 
 
 def _softmax_rows(path: Path) -> int | None:
