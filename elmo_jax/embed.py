@@ -31,7 +31,7 @@ from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
 from elmo_jax.outputs import replacing
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable, check_sentences
 from elmo_jax.text.sources import read_lines
 from elmo_jax.train.metrics import ProgressBar
 
@@ -60,9 +60,17 @@ def _jitted_layers(config: ModelConfig):
 
 
 class Embedder:
-    def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False):
+    """Tokenized sentences -> ELMo layers, one (L + 1, n, 2P) float32 numpy array each.
+
+    Any number of sentences per call: stateless, they are sorted by length and batched (up to
+    `batch_size` rows while rows x padded length stays within `max_tokens`); stateful,
+    consecutive batches of `batch_size` rows, row i continuing from the state row i left.
+    Results come back in input order.
+    """
+
+    def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False, max_tokens: int = MAX_TOKENS):
         self.config, self.params = model.config, model.params
-        self.batch_size, self.stateful = batch_size, stateful
+        self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
         self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
         self.state = LSTMState.zeros(model.config, batch_size)
 
@@ -77,9 +85,19 @@ class Embedder:
         return out
 
     def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """Up to batch_size tokenized sentences -> one (L + 1, n, 2P) float32 array each."""
-        if not 0 < len(sentences) <= self.batch_size:
-            raise ValueError(f"expected 1 to {self.batch_size} sentences, got {len(sentences)}")
+        check_sentences(sentences)
+        n = len(sentences)
+        order = list(range(n)) if self.stateful else sorted(range(n), key=lambda i: len(sentences[i]))
+        out: list[np.ndarray] = [None] * n  # type: ignore[list-item]
+        lengths = [len(sentences[i]) for i in order]
+        for start, end in _batches(lengths, self.batch_size, self.stateful, self.max_tokens):
+            batch = order[start:end]
+            for i, vectors in zip(batch, self.embed_batch([sentences[i] for i in batch])):
+                out[i] = vectors
+        return out
+
+    def embed_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        """1 to batch_size sentences, run as one batch -> one (L + 1, n, 2P) array each."""
         chars = self.char_ids(sentences)
         state = self.state if self.stateful else LSTMState.zeros(self.config, chars.shape[0])
         layers, _, state = _jitted_layers(self.config)(self.params, chars, state)
@@ -89,17 +107,23 @@ class Embedder:
         return [layers[:, i, 1 : len(s) + 1] for i, s in enumerate(sentences)]
 
 
+@functools.cache
+def _jitted_token_encoder(config: ModelConfig):
+    return jax.jit(lambda params, chars: encode_token_vectors(params, chars, config))
+
+
 def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> np.ndarray:
     """The context-independent token layer (n, P) of each word, like bilm-tf's
-    dump_token_embeddings: a cache for vocabularies."""
+    dump_token_embeddings: a cache for vocabularies. Compiled once per model config and rows
+    bucket (powers of two up to batch_size)."""
     table = CharTable(model.config.char_cnn.max_characters_per_token)
-    fn = jax.jit(lambda p, c: encode_token_vectors(p, c, model.config))
+    encode = _jitted_token_encoder(model.config)
     out = []
     for start in range(0, len(words), batch_size):
         chunk = table.encode(words[start : start + batch_size])
-        padded = np.zeros((batch_size, chunk.shape[1]), np.int32)
+        padded = np.zeros((rows_bucket(len(chunk), batch_size), chunk.shape[1]), np.int32)
         padded[: len(chunk)] = chunk
-        out.append(np.asarray(fn(model.params["token_encoder"], padded))[: len(chunk)])
+        out.append(np.asarray(encode(model.params["token_encoder"], padded))[: len(chunk)])
     return np.concatenate(out) if out else np.zeros((0, model.config.lstm.projection_dim), np.float32)
 
 
@@ -111,19 +135,19 @@ def _select(layers: np.ndarray, mode: str) -> np.ndarray:
     return layers.mean(axis=0)
 
 
-def _batches(work: list, batch_size: int, stateful: bool, max_tokens: int) -> Iterator[list]:
-    """Consecutive batches of `work` ((index, tokens, text), sorted by length unless stateful):
-    stateful ones of batch_size rows; stateless ones as many (up to batch_size) as fit in
-    max_tokens padded positions, at least one."""
+def _batches(lengths: list[int], batch_size: int, stateful: bool, max_tokens: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of consecutive batches over sentences of these token counts (ascending
+    unless stateful): stateful ones of batch_size rows; stateless ones as many (up to
+    batch_size) as fit in max_tokens padded positions, at least one."""
     start = 0
-    while start < len(work):
+    while start < len(lengths):
         end = start + 1
-        while end < len(work) and end - start < batch_size:
-            longest = len(work[end][1])  # sorted by length: the newest is the longest
+        while end < len(lengths) and end - start < batch_size:
+            longest = lengths[end]  # ascending: the newest is the longest
             if not stateful and rows_bucket(end + 1 - start, batch_size) * length_bucket(longest + 2) > max_tokens:
                 break
             end += 1
-        yield work[start:end]
+        yield start, end
         start = end
 
 
@@ -167,7 +191,7 @@ def _embed_lines(
 ) -> int:
     with open(input_path, "rb") as f:
         total = sum(1 for _ in f)
-    embedder = Embedder(model, batch_size, stateful)
+    embedder = Embedder(model, batch_size, stateful, max_tokens)
     L1, width = model.config.lstm.n_layers + 1, 2 * model.config.lstm.projection_dim
     empty_shape = (L1, 0, width) if layers == "all" else (0, width)
     sentence_to_index: dict[str, str] = {}
@@ -189,11 +213,8 @@ def _embed_lines(
                 if not tokens:
                     out.create_dataset(str(index), shape=empty_shape, dtype=np.float32)
             work = [c for c in chunk if c[1]]
-            if not stateful:
-                work.sort(key=lambda c: len(c[1]))
-            for batch in _batches(work, batch_size, stateful, max_tokens):
-                for (index, _, _), vectors in zip(batch, embedder([c[1] for c in batch])):
-                    out.create_dataset(str(index), data=_select(vectors, layers))
+            for (index, _, _), vectors in zip(work, embedder([c[1] for c in work])):
+                out.create_dataset(str(index), data=_select(vectors, layers))
             done += len(chunk)
             n_tokens += sum(len(c[1]) for c in chunk)
             bar.update(done, suffix=f"{n_tokens / bar.elapsed():,.0f} tokens/s")
