@@ -146,15 +146,16 @@ def test_scalar_mix_with_and_without_layer_norm():
     rng = np.random.default_rng(0)
     layers = rng.normal(size=(3, 2, 4, 5)).astype(np.float32)
     mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
-    mix = ScalarMix(3)
-    params = {"params": {"scalar_parameters": np.array([0.1, -0.2, 0.3], np.float32), "gamma": np.float32(1.7)}}
+    mix = ScalarMix(3, initial_scalar_parameters=[0.1, -0.2, 0.3])
+    mix.gamma[...] = 1.7
     w = np.exp([0.1, -0.2, 0.3]) / np.exp([0.1, -0.2, 0.3]).sum()
-    np.testing.assert_allclose(mix.apply(params, layers), 1.7 * np.einsum("l,lbtd->btd", w, layers), rtol=1e-5)
+    np.testing.assert_allclose(mix(layers), 1.7 * np.einsum("l,lbtd->btd", w, layers), rtol=1e-5)
     normed = []
     for layer in layers:
         valid = layer[mask]
         normed.append((layer - valid.mean()) / np.sqrt(valid.var() + 1e-13))
-    got = ScalarMix(3, do_layer_norm=True).apply(params, layers, mask)
-    np.testing.assert_allclose(got, 1.7 * np.einsum("l,lbtd->btd", w, np.stack(normed)), rtol=1e-4, atol=1e-5)
-    fresh = ScalarMix(3).init(jax.random.key(0), layers)
-    np.testing.assert_allclose(ScalarMix(3).apply(fresh, layers), layers.mean(0), rtol=1e-5)
+    mix.do_layer_norm = True
+    np.testing.assert_allclose(mix(layers, mask), 1.7 * np.einsum("l,lbtd->btd", w, np.stack(normed)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ScalarMix(3)(layers), layers.mean(0), rtol=1e-5)
+    with pytest.raises(ValueError, match="ScalarMix of 3 layers got 2 initial scalar parameters"):
+        ScalarMix(3, initial_scalar_parameters=[0.0, 1.0])

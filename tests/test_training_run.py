@@ -68,6 +68,7 @@ def test_resume_continues_the_same_computation(tmp_path, text_data):
 
 def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, text_data, caplog):
     """Trained with the full softmax (config.train.sample_softmax false), exported, reimported."""
+    from elmo_jax import Elmo, batch_to_ids
     from elmo_jax.embed import Embedder
     from elmo_jax.model_io import export_model, load_model
 
@@ -84,6 +85,16 @@ def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, te
     sentences = [["the", "river", "bank"], ["Anna", "saw", "a", "bank"]]
     for a, b in zip(Embedder(trained, batch_size=2)(sentences), Embedder(reimported, batch_size=2)(sentences)):
         np.testing.assert_array_equal(a, b)
+    # The downstream module from the workdir and from the exported folder: the same vectors.
+    mix = [1.0, 0.0, 0.0]
+    ids = batch_to_ids(sentences)
+    from_workdir = Elmo(tmp_path / "run", dropout=0.0, scalar_mix_parameters=mix)(ids)["elmo"]
+    from_export = Elmo(tmp_path / "out", dropout=0.0, scalar_mix_parameters=mix)(ids)["elmo"]
+    np.testing.assert_array_equal(from_workdir, from_export)
+    want = Embedder(trained, batch_size=2)(sentences)
+    weights = np.exp(mix) / np.exp(mix).sum()
+    for i, tokens in enumerate(sentences):
+        np.testing.assert_allclose(from_workdir[i, : len(tokens)], np.einsum("l,ltd->td", weights, want[i]), atol=1e-6)
     # A workdir written before a config field existed loads with that field's default.
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     del saved["train"]["sample_softmax"]
