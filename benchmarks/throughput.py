@@ -6,7 +6,7 @@ Builds the real train step (sampled softmax, Adagrad, carried state) or the embe
 (`bilm_layers`) for a published size or `cpu_peer`, feeds it batches from the real batcher over
 a synthetic Zipfian corpus with the config's vocabulary size, warms up, then times steps. Prints
 tokens/s, step time (median and spread), compile time, analytic FLOPs per token (every position
-through the whole network, ELMO_SPEC.md section 5), achieved TFLOP/s, MFU against a matmul peak
+through the whole network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak
 measured on the same device in the same run, and peak device memory; the last line is JSON.
 A token is one corpus position, processed by both directions.
 """

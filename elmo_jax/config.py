@@ -19,7 +19,7 @@ from elmo_jax.errors import MissingFile, UserError
 ACTIVATIONS = ("relu", "tanh")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
-# slots (ELMO_SPEC.md section 2). bilm-tf's training files say 261 (the same rows without row 0).
+# slots (docs/MODEL.md section 2). bilm-tf's training files say 261 (the same rows without row 0).
 N_CHARACTERS = 262
 BILM_TF_TRAINING_N_CHARACTERS = 261
 
@@ -225,7 +225,7 @@ def _dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class TrainHParams:
-    """The training recipe (ELMO_SPEC.md section 5); names follow bilm-tf's options.json."""
+    """The training recipe (docs/MODEL.md section 5); names follow bilm-tf's options.json."""
 
     batch_size: int = 128  # rows per step per device (bilm-tf's batch_size is per GPU)
     unroll_steps: int = 20  # window T
@@ -280,7 +280,7 @@ def bilm_options(
     }
 
 
-# The published ELMo sizes (ELMO_SPEC.md section 1), as options.json dicts.
+# The published ELMo sizes (docs/MODEL.md section 1), as options.json dicts.
 PUBLISHED_OPTIONS: dict[str, dict[str, Any]] = {
     "small": bilm_options(1024, 128, _PUBLISHED_FILTERS, n_highway=1),
     "medium": bilm_options(2048, 256, _PUBLISHED_FILTERS, n_highway=1),

@@ -1,7 +1,7 @@
 """The experiment config: one ml_collections ConfigDict per run (see experiments/*.py).
 
   model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
-  train  the recipe (ELMO_SPEC.md section 5) and the loop's cadence
+  train  the recipe (docs/MODEL.md section 5) and the loop's cadence
   data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`) and the vocabulary file
 """
 
@@ -58,7 +58,7 @@ LM1B = "lm1b:data/1-billion-word-language-modeling-benchmark-r13output"
 
 
 def published_config(size: str) -> ml_collections.ConfigDict:
-    """A published size (small, medium, original) with bilm-tf's recipe on LM1B (ELMO_SPEC.md
+    """A published size (small, medium, original) with bilm-tf's recipe on LM1B (docs/MODEL.md
     sections 5 and 6): its training files, and its standard test file for held-out evaluation.
     Point the data fields at your copy (folder or .tar.gz) with --config.data.*."""
     config = base_config(PUBLISHED_OPTIONS[size])

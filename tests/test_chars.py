@@ -5,7 +5,7 @@ from elmo_jax.text.chars import CharTable, encode_tokens
 
 
 def spec_chars(token: str) -> list[int]:
-    """ELMO_SPEC.md section 2, written out per token."""
+    """docs/MODEL.md section 2, written out per token."""
     if token == "<S>":
         body = [256]
     elif token == "</S>":

@@ -10,7 +10,7 @@ def sigmoid(x):
 
 
 def numpy_lstm(W, b, W_p, x_BTI, mask_BT, h, c, cell_clip, proj_clip):
-    """ELMO_SPEC.md section 1, one step at a time, float64."""
+    """docs/MODEL.md section 1, one step at a time, float64."""
     outputs = np.zeros(x_BTI.shape[:2] + (W_p.shape[1],))
     for t in range(x_BTI.shape[1]):
         z = np.concatenate([x_BTI[:, t], h], axis=-1) @ W + b

@@ -1,4 +1,4 @@
-"""bilm-tf / AllenNLP weight files (ELMO_SPEC.md section 3) <-> the params pytree.
+"""bilm-tf / AllenNLP weight files (docs/MODEL.md section 3) <-> the params pytree.
 
 The file holds the token encoder and both LSTM stacks, no softmax; `char_embed` has no padding
 row (261 rows), which loading prepends and saving drops.

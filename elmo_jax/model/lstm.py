@@ -1,4 +1,4 @@
-"""The LSTM with projection and clipping (TF `LSTMCell`, ELMO_SPEC.md section 1), both
+"""The LSTM with projection and clipping (TF `LSTMCell`, docs/MODEL.md section 1), both
 directions at once.
 
 Layer params hold both directions stacked on axis 0 (0 forward, 1 backward), in bilm-tf's

@@ -2,7 +2,7 @@
 (Peters et al. 2018, eq. 1), as a Flax NNX module for downstream models.
 
 With `do_layer_norm`, each layer is first normalised over all its unmasked elements, as
-AllenNLP computes it (boundaries included, eps 1e-13; docs/MODEL.md, "Using the layers").
+AllenNLP computes it (boundaries included, eps 1e-13; docs/MODEL.md section 7).
 Linen users wrap it with `flax.nnx.bridge.ToLinen` (README, "ELMo in a Flax model").
 """
 

@@ -1,5 +1,5 @@
 """The LM losses: bilm-tf's sampled softmax for training and the full softmax for evaluation
-(ELMO_SPEC.md section 5). One table W (V, P), b (V,) serves both directions.
+(docs/MODEL.md section 5). One table W (V, P), b (V,) serves both directions.
 
 The sampler reproduces TF's `log_uniform_candidate_sampler(unique=True)`: drawing with
 replacement until S distinct ids are held gives the same distinct ids, in the same order, as

@@ -1,4 +1,4 @@
-"""The character-CNN token encoder shared by both LMs (ELMO_SPEC.md section 1).
+"""The character-CNN token encoder shared by both LMs (docs/MODEL.md section 1).
 
 char ids (..., C) -> char embedding (..., C, D) -> per filter (w, n): VALID conv1d with bias,
 max over positions, activation -> concat (..., F) -> highway layers -> projection (..., P).

@@ -1,4 +1,4 @@
-"""The stream batcher: B rows of packed sentences cut into windows of T (ELMO_SPEC.md section 5).
+"""The stream batcher: B rows of packed sentences cut into windows of T (docs/MODEL.md section 5).
 
 The rows form G groups of B / G consecutive rows (one group per device in training). In epoch
 e, group g reads its own sentence stream S_eg (see `epoch_view`: the groups' streams are

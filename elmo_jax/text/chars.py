@@ -1,4 +1,4 @@
-"""Character ids of tokens (ELMO_SPEC.md section 2), vectorised with numpy.
+"""Character ids of tokens (docs/MODEL.md section 2), vectorised with numpy.
 
 A token becomes `max_characters_per_token` ids: begin-of-word, its UTF-8 bytes (cut at
 max - 2 bytes, possibly inside a multi-byte character), end-of-word, then padding characters;

@@ -210,7 +210,7 @@ class GroupView:
 
 
 def lm1b_shards(path: Path, split: str) -> list[Shard]:
-    """LM1B's training files or its standard held-out file (ELMO_SPEC.md section 6), in a folder
+    """LM1B's training files or its standard held-out file (docs/MODEL.md section 6), in a folder
     (the benchmark's folder or the one holding it) or in its .tar.gz."""
     pattern = LM1B_PATTERNS[split]
     if path.is_dir():

@@ -1,4 +1,4 @@
-"""The word vocabulary of the softmax (ELMO_SPEC.md section 5).
+"""The word vocabulary of the softmax (docs/MODEL.md section 5).
 
 File format (bilm-tf): one token a line, id = line number; `<S>`, `</S>` and `<UNK>` must be
 present (written first); the other words sorted by descending count, which the log-uniform

@@ -1,4 +1,4 @@
-"""Held-out perplexity as bilm-tf's run_test.py computes it (ELMO_SPEC.md section 5).
+"""Held-out perplexity as bilm-tf's run_test.py computes it (docs/MODEL.md section 5).
 
 Full softmax, no dropout, LSTM states carried along each row, one pass over the sentences in
 order; perplexity = exp(mean over positions of 0.5 * (forward CE + backward CE)). Unlike

@@ -1,4 +1,4 @@
-"""The train state and the pure train/eval steps (ELMO_SPEC.md section 5).
+"""The train state and the pure train/eval steps (docs/MODEL.md section 5).
 
 train_step: (state, batch) -> (state, metrics). Loss = 0.5 * (forward + backward) cross
 entropy (sampled softmax, or the full softmax with `sample_softmax` off), each the mean over the
