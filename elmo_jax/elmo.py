@@ -81,6 +81,11 @@ class Elmo(nnx.Module):
             rngs = nnx.Rngs(dropout=rngs.params())
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
+    @property
+    def output_dim(self) -> int:
+        """2P: the width of every representation and LSTM layer."""
+        return 2 * self.config.lstm.projection_dim
+
     def bilm_params(self) -> dict:
         """The biLM's weights as the plain nested dict `bilm_layers` takes (see model/bilm.py)."""
         params = jax.tree.map(lambda v: v[...], self.bilm, is_leaf=lambda v: isinstance(v, nnx.Variable))
