@@ -270,3 +270,11 @@ def test_a_vocabulary_that_does_not_fit_the_checkpoint_fails_naming_both_sizes(t
     (tmp_path / "config.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=rf"has {len(words) - 5} words .* softmax of {len(words)} rows"):
         load_model(tmp_path)
+
+
+def test_fine_tuning_from_bilm_tf_files_under_their_own_names(tmp_path, text_data, fixtures_dir):
+    """The AllenNLP fixture folder holds options.json + lm_weights.hdf5 (and other HDF5 files)."""
+    config = tiny_config(text_data, max_steps=1, init_from=str(fixtures_dir / "elmo"))
+    train(config, tmp_path / "tuned")
+    saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert saved["model"]["lstm"]["dim"] == 64 and saved["model"]["char_cnn"]["n_highway"] == 2  # the fixture's sizes
