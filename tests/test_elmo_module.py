@@ -74,6 +74,16 @@ def test_a_string_where_token_lists_belong_is_an_error(model, wrong):
         Embedder(model)(wrong)
 
 
+def test_elmo_refuses_what_is_not_char_ids(model):
+    elmo = Elmo(model, dropout=0.0)
+    with pytest.raises(TypeError, match=r"char ids \(B, T, 50\), not lists: use batch_to_ids"):
+        elmo([["the", "bank"]])
+    with pytest.raises(ValueError, match=r"integer char ids \(B, T, 50\) from batch_to_ids, got float32 \(2, 3, 50\)"):
+        elmo(np.zeros((2, 3, 50), np.float32))
+    with pytest.raises(ValueError, match=r"got int32 \(3, 50\)"):
+        elmo(batch_to_ids([["the", "river", "bank"]])[0])
+
+
 def test_elmo_matches_the_embedder_with_every_output(model):
     batch = [["the", "river", "bank"], ["a", "much", "longer", "sentence", "about", "money", "."], []]
     elmo = Elmo(model, num_output_representations=2, dropout=0.0, scalar_mix_parameters=[0.0, 1.0, -1.0])
