@@ -137,4 +137,3 @@ def with_sentence_boundaries(char_ids_BTC: jax.Array) -> jax.Array:
     padded = jnp.pad(char_ids_BTC, ((0, 0), (1, 1), (0, 0))).at[:, 0].set(bos)
     at_end = (jnp.arange(T + 2)[None, :] == lengths[:, None] + 1)[..., None]
     return jnp.where(at_end, eos, padded)
-
