@@ -1,14 +1,18 @@
 """Sentences -> ELMo layers, for JAX pipelines (`Embedder`) and files (`embed_file`).
 
-Each sentence gets `<S>` and `</S>`, runs through the biLM (`bilm_layers`, a pure function of
-params, char ids and LSTM state) and comes back without its boundaries: (L + 1, n, 2P).
-Stateless by default: every sentence starts from a zero state, so its vectors do not depend on
-its batch. With `stateful=True`, row i of each batch continues from the state row i of the
-previous batch left (as bilm-tf and AllenNLP do).
+Each sentence gets `<S>` and `</S>`, runs through the biLM and comes back without its
+boundaries: (L + 1, n, 2P). Stateless by default: every sentence starts from a zero state, so
+its vectors do not depend on its batch. With `stateful=True`, row i of each batch continues from
+the state row i of the previous batch left (as bilm-tf and AllenNLP do).
+
+The token layer is context-free, so each call encodes every distinct word of its sentences once
+(`encode_words`: the char CNN, highway layers and projection, over words sorted by length in
+pieces of ENCODER_CHUNK, each piece's character columns cut to its longest word plus the widest
+filter), and the batches gather those vectors for the LSTMs (`layers_of_tokens`). Exact: the
+same layers as `bilm_layers` on the full char ids.
 
 Memory is bounded by tokens, not rows: a stateless batch takes sentences (by length) while its
-padded size stays within `max_tokens` positions, so a very long line runs alone, and the token
-encoder runs over at most ENCODER_CHUNK tokens at a time.
+padded size stays within `max_tokens` positions, so a very long line runs alone.
 """
 
 from __future__ import annotations
@@ -22,16 +26,18 @@ from typing import Iterator
 
 import h5py
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.model.bilm import bilm_layers
+from elmo_jax.model.bilm import layers_of_tokens
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
 from elmo_jax.outputs import replacing
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable, check_sentences
+from elmo_jax.text.batcher import bucket_size, char_columns
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable, check_sentences
 from elmo_jax.text.sources import read_lines
 from elmo_jax.train.metrics import ProgressBar
 
@@ -39,7 +45,7 @@ LAYER_MODES = ("all", "top", "average")
 log = logging.getLogger(__name__)
 
 
-ENCODER_CHUNK = 2048  # tokens the char CNN encodes at once (its activations dominate memory)
+ENCODER_CHUNK = 2048  # words the char CNN encodes at once (its activations dominate memory)
 MAX_TOKENS = 8192  # padded positions (rows x length) per stateless batch
 MAX_SENTENCE_TOKENS = 100_000  # a longer line is refused: most likely not one sentence
 
@@ -54,57 +60,10 @@ def rows_bucket(n: int, batch_size: int) -> int:
     return min(batch_size, 1 << max(n - 1, 0).bit_length())
 
 
-@functools.cache
-def _jitted_layers(config: ModelConfig):
-    return jax.jit(lambda params, chars, state: bilm_layers(params, chars, state, config, encoder_chunk=ENCODER_CHUNK))
-
-
-class Embedder:
-    """Tokenized sentences -> ELMo layers, one (L + 1, n, 2P) float32 numpy array each.
-
-    Any number of sentences per call: stateless, they are sorted by length and batched (up to
-    `batch_size` rows while rows x padded length stays within `max_tokens`); stateful,
-    consecutive batches of `batch_size` rows, row i continuing from the state row i left.
-    Results come back in input order.
-    """
-
-    def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False, max_tokens: int = MAX_TOKENS):
-        self.config, self.params = model.config, model.params
-        self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
-        self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
-        self.state = LSTMState.zeros(model.config, batch_size)
-
-    def char_ids(self, sentences: list[list[str]]) -> np.ndarray:
-        """Sentences -> (rows, T, C) char ids with boundaries, padded slots all 0: rows is
-        batch_size when stateful, else rows_bucket of the sentences."""
-        T = length_bucket(max(len(s) for s in sentences) + 2)
-        rows = self.batch_size if self.stateful else rows_bucket(len(sentences), self.batch_size)
-        out = np.zeros((rows, T, self.chars.max_chars), np.int32)
-        for i, s in enumerate(sentences):
-            out[i, : len(s) + 2] = self.chars.encode([BOS_TOKEN, *s, EOS_TOKEN])
-        return out
-
-    def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        check_sentences(sentences)
-        n = len(sentences)
-        order = list(range(n)) if self.stateful else sorted(range(n), key=lambda i: len(sentences[i]))
-        out: list[np.ndarray] = [None] * n  # type: ignore[list-item]
-        lengths = [len(sentences[i]) for i in order]
-        for start, end in _batches(lengths, self.batch_size, self.stateful, self.max_tokens):
-            batch = order[start:end]
-            for i, vectors in zip(batch, self.embed_batch([sentences[i] for i in batch])):
-                out[i] = vectors
-        return out
-
-    def embed_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """1 to batch_size sentences, run as one batch -> one (L + 1, n, 2P) array each."""
-        chars = self.char_ids(sentences)
-        state = self.state if self.stateful else LSTMState.zeros(self.config, chars.shape[0])
-        layers, _, state = _jitted_layers(self.config)(self.params, chars, state)
-        if self.stateful:
-            self.state = state
-        layers = np.asarray(layers)
-        return [layers[:, i, 1 : len(s) + 1] for i, s in enumerate(sentences)]
+def full_rows(T: int, batch_size: int, max_tokens: int) -> int:
+    """Rows of a full stateless batch of padded length T: the largest power of two within
+    max_tokens / T (at least 1), at most batch_size."""
+    return min(batch_size, 1 << (max(1, max_tokens // T).bit_length() - 1))
 
 
 @functools.cache
@@ -112,19 +71,99 @@ def _jitted_token_encoder(config: ModelConfig):
     return jax.jit(lambda params, chars: encode_token_vectors(params, chars, config))
 
 
+@functools.cache
+def _jitted_layers_of_tokens(config: ModelConfig):
+    return jax.jit(lambda lstm_params, tokens, mask, state: layers_of_tokens(lstm_params, tokens, mask, state, config))
+
+
+# A gather of its own, so that the LSTMs compile once per batch shape, whatever the table's size.
+_gather = jax.jit(lambda table_UP, ids_BT: table_UP[ids_BT])
+
+
+def encode_words(model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK) -> np.ndarray:
+    """Char ids of distinct words (U, C) -> their token vectors (U, P) float32. Sorted by length
+    and encoded `chunk` at a time, each chunk's padding columns cut (`char_columns`) and its rows
+    padded to a power of two: compiled once per (rows, columns) shape."""
+    config = model.config
+    out = np.zeros((len(words_UC), config.lstm.projection_dim), np.float32)
+    order = np.argsort((words_UC != PAD_CHAR + 1).sum(axis=1), kind="stable")
+    encode = _jitted_token_encoder(config)
+    for start in range(0, len(order), chunk):
+        rows = order[start : start + chunk]
+        words = words_UC[rows]
+        padded = np.zeros((rows_bucket(len(rows), chunk), char_columns(words, config.char_cnn.widest_filter)), np.int32)
+        padded[: len(rows)] = words[:, : padded.shape[1]]
+        out[rows] = np.asarray(encode(model.params["token_encoder"], padded))[: len(rows)]
+    return out
+
+
+class Embedder:
+    """Tokenized sentences -> ELMo layers, one (L + 1, n, 2P) float32 numpy array each.
+
+    Any number of sentences per call: stateless, they are sorted by length and batched (up to
+    `batch_size` rows while rows x padded length stays within `max_tokens`; a call of more than
+    one batch pads every batch to the full rows for its length, so few shapes get compiled);
+    stateful, consecutive batches of `batch_size` rows, row i continuing from the state row i
+    left. Each call encodes its distinct words once. Results come back in input order.
+    """
+
+    def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False, max_tokens: int = MAX_TOKENS):
+        self.model, self.config = model, model.config
+        self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
+        self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
+        self.state = LSTMState.zeros(model.config, batch_size)
+
+    def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        check_sentences(sentences)
+        n = len(sentences)
+        if n == 0:
+            return []
+        # Each position's row in the table of the call's distinct words.
+        cache_rows = [self.chars.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences]
+        distinct, inverse = np.unique(np.concatenate(cache_rows), return_inverse=True)
+        table = np.zeros((bucket_size(len(distinct)), self.config.lstm.projection_dim), np.float32)
+        table[: len(distinct)] = encode_words(self.model, self.chars.lookup(distinct))
+        table_UP = jnp.asarray(table)
+        ends = np.cumsum([len(r) for r in cache_rows])
+        positions = np.split(inverse.astype(np.int32), ends[:-1])
+
+        order = list(range(n)) if self.stateful else sorted(range(n), key=lambda i: len(sentences[i]))
+        out: list[np.ndarray] = [None] * n  # type: ignore[list-item]
+        lengths = [len(sentences[i]) for i in order]
+        for start, end in _batches(lengths, self.batch_size, self.stateful, self.max_tokens):
+            batch = order[start:end]
+            for i, vectors in zip(batch, self._run([positions[i] for i in batch], table_UP, bulk=n > self.batch_size)):
+                out[i] = vectors
+        return out
+
+    def _run(self, positions: list[np.ndarray], table_UP: jax.Array, bulk: bool) -> list[np.ndarray]:
+        """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array each."""
+        T = length_bucket(max(len(p) for p in positions))
+        if self.stateful:
+            rows = self.batch_size
+        else:
+            rows = rows_bucket(len(positions), self.batch_size)
+            if bulk:
+                rows = max(rows, full_rows(T, self.batch_size, self.max_tokens))
+        ids = np.zeros((rows, T), np.int32)
+        mask = np.zeros((rows, T), bool)
+        for i, p in enumerate(positions):
+            ids[i, : len(p)], mask[i, : len(p)] = p, True
+        state = self.state if self.stateful else LSTMState.zeros(self.config, rows)
+        tokens_BTP = _gather(table_UP, ids)
+        layers, state = _jitted_layers_of_tokens(self.config)(self.model.params["lstm"], tokens_BTP, mask, state)
+        if self.stateful:
+            self.state = state
+        layers = np.asarray(layers)
+        return [layers[:, i, 1 : len(p) - 1] for i, p in enumerate(positions)]
+
+
 def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> np.ndarray:
     """The context-independent token layer (n, P) of each word, like bilm-tf's
-    dump_token_embeddings: a cache for vocabularies. Compiled once per model config and rows
-    bucket (powers of two up to batch_size)."""
+    dump_token_embeddings: a cache for vocabularies. Encoded `batch_size` words at a time,
+    compiled once per model config and (rows, columns) shape."""
     table = CharTable(model.config.char_cnn.max_characters_per_token)
-    encode = _jitted_token_encoder(model.config)
-    out = []
-    for start in range(0, len(words), batch_size):
-        chunk = table.encode(words[start : start + batch_size])
-        padded = np.zeros((rows_bucket(len(chunk), batch_size), chunk.shape[1]), np.int32)
-        padded[: len(chunk)] = chunk
-        out.append(np.asarray(encode(model.params["token_encoder"], padded))[: len(chunk)])
-    return np.concatenate(out) if out else np.zeros((0, model.config.lstm.projection_dim), np.float32)
+    return encode_words(model, table.encode(words), batch_size)
 
 
 def _select(layers: np.ndarray, mode: str) -> np.ndarray:

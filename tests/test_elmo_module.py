@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from elmo_jax import Elmo, batch_to_ids
+from elmo_jax.elmo import with_sentence_boundaries
 from elmo_jax.embed import Embedder, _jitted_token_encoder, token_embeddings
 from elmo_jax.errors import UserError
 from elmo_jax.model.bilm import bilm_layers
@@ -180,7 +181,7 @@ def test_the_linen_bridge(elmo_dir):
 
 def test_params_are_jax_arrays_whatever_the_file(model):
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(model.params))
-    chars = Embedder(model, batch_size=2).char_ids([["the", "bank"]])
+    chars = with_sentence_boundaries(batch_to_ids([["the", "bank"]]))
     layers = jax.jit(lambda c: bilm_layers(model.params, c, LSTMState.zeros(model.config, 1), model.config)[0])(chars)
     assert layers.shape[:2] == (3, 1)
 

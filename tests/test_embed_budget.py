@@ -30,8 +30,8 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
     shapes = []
-    real_batch = Embedder.embed_batch
-    monkeypatch.setattr(Embedder, "embed_batch", lambda self, s: shapes.append(self.char_ids(s).shape[:2]) or real_batch(self, s))
+    real_gather = embed._gather
+    monkeypatch.setattr(embed, "_gather", lambda table, ids: shapes.append(ids.shape) or real_gather(table, ids))
     embed_file(model, src, tmp_path / "out.h5", "all", batch_size=16, max_tokens=256)
     assert all(rows * T <= 256 for rows, T in shapes if rows > 1)
     assert (1, length_bucket(3002)) in shapes and max(rows for rows, _ in shapes) == 16

@@ -104,14 +104,22 @@ def bilm_layers(
     """
     B, T, C = chars_BTC.shape
     mask_BT = jnp.any(chars_BTC > 0, axis=-1)
+    tokens_NP = encode_in_chunks(params["token_encoder"], chars_BTC.reshape(B * T, C), config, encoder_chunk or B * T)
+    layers, state = layers_of_tokens(params["lstm"], tokens_NP.reshape(B, T, -1), mask_BT, state, config, unroll)
+    return layers, mask_BT, state
+
+
+def layers_of_tokens(
+    lstm_params: Params, tokens_BTP: jax.Array, mask_BT: jax.Array, state: LSTMState, config: ModelConfig, unroll: int = 1
+) -> tuple[jax.Array, LSTMState]:
+    """The token vector at each position (B, T, P) of left-aligned sentences with `<S>`/`</S>`
+    in place, and their mask (B, T) -> every layer (L + 1, B, T, 2P) as `bilm_layers` gives
+    them, and the new state."""
     lengths = mask_BT.sum(axis=1)
-    chars_NC = chars_BTC.reshape(B * T, C)
-    tokens_NP = encode_in_chunks(params["token_encoder"], chars_NC, config, encoder_chunk or B * T)
-    tokens_BTP = tokens_NP.reshape(B, T, -1)
     tokens_BTP = jnp.where(mask_BT[..., None], tokens_BTP, 0.0)
     x_2BTP = jnp.stack([tokens_BTP, reverse_within(tokens_BTP, lengths)])
-    layers_L2BTP, state = lstm_stacks(params["lstm"], x_2BTP, mask_BT, state, config, unroll=unroll)
+    layers_L2BTP, state = lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config, unroll=unroll)
     backward = jax.vmap(lambda x: reverse_within(x, lengths))(layers_L2BTP[:, 1])
     lstm_layers = jnp.concatenate([layers_L2BTP[:, 0], backward], axis=-1)
     token_layer = jnp.concatenate([tokens_BTP, tokens_BTP], axis=-1)[None]
-    return jnp.concatenate([token_layer, lstm_layers]), mask_BT, state
+    return jnp.concatenate([token_layer, lstm_layers]), state

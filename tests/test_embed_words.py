@@ -1,0 +1,53 @@
+"""The embedding path encodes each distinct word once, with its padding columns cut, and gives the
+same layers as the biLM on the full char ids of every position."""
+
+import jax
+import numpy as np
+import pytest
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.embed import Embedder, encode_words
+from elmo_jax.model.bilm import bilm_layers, init_params
+from elmo_jax.model.lstm import LSTMState
+from elmo_jax.model.token_encoder import encode_tokens
+from elmo_jax.model_io import Model
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from tiny_models import tiny_options
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = ModelConfig.from_options(tiny_options(16, 8, 4, [[1, 4], [2, 4], [5, 8]]))
+    return Model(config, init_params(jax.random.key(5), config, None))
+
+
+def words_of_every_length(rng, n):
+    """Words of 1 to 60 bytes (over the 48 kept), some multi-byte, drawn with repeats."""
+    vocabulary = ["x" * k for k in range(1, 61)] + ["é" * k for k in range(1, 30)] + ["", "<S>", "a", "the"]
+    return [vocabulary[i] for i in rng.integers(len(vocabulary), size=n)]
+
+
+def test_words_encoded_in_length_sorted_pieces_equal_the_full_columns(model):
+    words = list(dict.fromkeys(words_of_every_length(np.random.default_rng(0), 300)))
+    chars = CharTable().encode(words)
+    full = np.asarray(encode_tokens(model.params["token_encoder"], chars, model.config))
+    np.testing.assert_allclose(encode_words(model, chars, chunk=7), full, atol=1e-6)
+
+
+def test_the_embedder_equals_the_biLM_on_every_position(model):
+    rng = np.random.default_rng(1)
+    sentences = [words_of_every_length(rng, int(n)) for n in rng.integers(0, 13, size=16)]
+    table = CharTable()
+    for stateful in (False, True):
+        got = Embedder(model, batch_size=4, max_tokens=64, stateful=stateful)(sentences)
+        state = LSTMState.zeros(model.config, 4)
+        for start in range(0, len(sentences), 4):
+            batch = sentences[start : start + 4]
+            chars = np.zeros((4, max(len(s) for s in batch) + 2, table.max_chars), np.int32)
+            for i, s in enumerate(batch):
+                chars[i, : len(s) + 2] = table.encode([BOS_TOKEN, *s, EOS_TOKEN])
+            if not stateful:
+                state = LSTMState.zeros(model.config, 4)
+            layers, _, state = bilm_layers(model.params, chars, state, model.config)
+            for i, s in enumerate(batch):
+                np.testing.assert_allclose(got[start + i], np.asarray(layers)[:, i, 1 : len(s) + 1], atol=1e-6)
