@@ -25,6 +25,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from elmo_jax.compile_time import use_persistent_cache
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.host_memory import keep_freed_memory
 
@@ -45,6 +46,7 @@ flags.DEFINE_bool("stateful", False, "embed: carry the LSTM state from batch to 
 flags.DEFINE_integer("max_tokens", 8192, "embed: padded positions (sentences x length) per batch; longer lines run alone.")
 flags.DEFINE_integer("max_sentence_tokens", 100_000, "embed: a line with more tokens is refused (not one sentence).")
 flags.DEFINE_bool("overwrite", False, "vocab, import, export, embed: replace an existing output (whole, atomically).")
+flags.DEFINE_bool("compile_cache", True, "Keep compiled programs in $XDG_CACHE_HOME/elmo_jax/jax (default ~/.cache/...), so a second run of the same model compiles nothing; --nocompile_cache turns it off.")
 flags.DEFINE_bool("verbose", False, "Show the traceback of an error (also: ELMO_JAX_TRACEBACK=1).")
 flags.DEFINE_string("coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's cluster detection).")
 flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
@@ -198,6 +200,8 @@ def _source_files(source: str) -> tuple[str, ...]:
 def main(argv: list[str]) -> None:
     _setup_logging()
     keep_freed_memory()
+    if FLAGS.compile_cache:
+        use_persistent_cache(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elmo_jax" / "jax")
     if len(argv) != 2 or argv[1] not in COMMANDS:
         _fail(f"usage: launch.py COMMAND [--flags]; COMMAND is one of: {', '.join(COMMANDS)}", 2)
     try:

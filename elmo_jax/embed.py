@@ -17,6 +17,7 @@ padded size stays within `max_tokens` positions, so a very long line runs alone.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import itertools
 import json
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.compile_time import CompileClock
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.model.bilm import layers_of_tokens
@@ -58,12 +60,6 @@ def length_bucket(n: int) -> int:
 def rows_bucket(n: int, batch_size: int) -> int:
     """Padded rows for n sentences: the next power of two, at most batch_size."""
     return min(batch_size, 1 << max(n - 1, 0).bit_length())
-
-
-def full_rows(T: int, batch_size: int, max_tokens: int) -> int:
-    """Rows of a full stateless batch of padded length T: the largest power of two within
-    max_tokens / T (at least 1), at most batch_size."""
-    return min(batch_size, 1 << (max(1, max_tokens // T).bit_length() - 1))
 
 
 @functools.cache
@@ -101,10 +97,10 @@ class Embedder:
     """Tokenized sentences -> ELMo layers, one (L + 1, n, 2P) float32 numpy array each.
 
     Any number of sentences per call: stateless, they are sorted by length and batched (up to
-    `batch_size` rows while rows x padded length stays within `max_tokens`; a call of more than
-    one batch pads every batch to the full rows for its length, so few shapes get compiled);
-    stateful, consecutive batches of `batch_size` rows, row i continuing from the state row i
-    left. Each call encodes its distinct words once. Results come back in input order.
+    `batch_size` rows while rows x padded length stays within `max_tokens`; sorted, only the
+    last batch of a call is partial, so few shapes get compiled); stateful, consecutive batches
+    of `batch_size` rows, row i continuing from the state row i left. Each call encodes its
+    distinct words once. Results come back in input order.
     """
 
     def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False, max_tokens: int = MAX_TOKENS):
@@ -115,9 +111,19 @@ class Embedder:
 
     def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
         check_sentences(sentences)
+        out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
+        for indices, layers in self.batches(sentences):
+            for i, vectors in zip(indices, layers):
+                out[i] = vectors
+        return out
+
+    def batches(self, sentences: list[list[str]]) -> Iterator[tuple[list[int], list[np.ndarray]]]:
+        """As `__call__`, batch by batch as they are computed: (the batch's sentence indices,
+        their layers)."""
+        check_sentences(sentences)
         n = len(sentences)
         if n == 0:
-            return []
+            return
         # Each position's row in the table of the call's distinct words.
         cache_rows = [self.chars.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences]
         distinct, inverse = np.unique(np.concatenate(cache_rows), return_inverse=True)
@@ -128,23 +134,15 @@ class Embedder:
         positions = np.split(inverse.astype(np.int32), ends[:-1])
 
         order = list(range(n)) if self.stateful else sorted(range(n), key=lambda i: len(sentences[i]))
-        out: list[np.ndarray] = [None] * n  # type: ignore[list-item]
         lengths = [len(sentences[i]) for i in order]
         for start, end in _batches(lengths, self.batch_size, self.stateful, self.max_tokens):
             batch = order[start:end]
-            for i, vectors in zip(batch, self._run([positions[i] for i in batch], table_UP, bulk=n > self.batch_size)):
-                out[i] = vectors
-        return out
+            yield batch, self._run([positions[i] for i in batch], table_UP)
 
-    def _run(self, positions: list[np.ndarray], table_UP: jax.Array, bulk: bool) -> list[np.ndarray]:
+    def _run(self, positions: list[np.ndarray], table_UP: jax.Array) -> list[np.ndarray]:
         """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array each."""
         T = length_bucket(max(len(p) for p in positions))
-        if self.stateful:
-            rows = self.batch_size
-        else:
-            rows = rows_bucket(len(positions), self.batch_size)
-            if bulk:
-                rows = max(rows, full_rows(T, self.batch_size, self.max_tokens))
+        rows = self.batch_size if self.stateful else rows_bucket(len(positions), self.batch_size)
         ids = np.zeros((rows, T), np.int32)
         mask = np.zeros((rows, T), bool)
         for i, p in enumerate(positions):
@@ -164,6 +162,34 @@ def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> 
     compiled once per model config and (rows, columns) shape."""
     table = CharTable(model.config.char_cnn.max_characters_per_token)
     return encode_words(model, table.encode(words), batch_size)
+
+
+class _Writer:
+    """Writes (name, array) datasets into an open HDF5 file on a thread of its own, one batch
+    behind the caller, so that writing overlaps the next batch's computation. An error in the
+    writer is raised in the caller, at its next put or at the end."""
+
+    def __init__(self, out: h5py.File):
+        self.out, self.pool, self.pending = out, concurrent.futures.ThreadPoolExecutor(1), None
+
+    def put(self, datasets: list[tuple[str, np.ndarray]]) -> None:
+        self._wait()
+        self.pending = self.pool.submit(lambda: [self.out.create_dataset(name, data=data) for name, data in datasets])
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def __enter__(self) -> "_Writer":
+        return self
+
+    def __exit__(self, *error) -> None:
+        try:
+            if error[0] is None:
+                self._wait()
+        finally:
+            self.pool.shutdown(wait=True)
 
 
 def _select(layers: np.ndarray, mode: str) -> np.ndarray:
@@ -230,13 +256,13 @@ def _embed_lines(
 ) -> int:
     with open(input_path, "rb") as f:
         total = sum(1 for _ in f)
+    bar, clock = ProgressBar(total, unit="lines"), CompileClock()  # compilation is timed apart
     embedder = Embedder(model, batch_size, stateful, max_tokens)
     L1, width = model.config.lstm.n_layers + 1, 2 * model.config.lstm.projection_dim
     empty_shape = (L1, 0, width) if layers == "all" else (0, width)
     sentence_to_index: dict[str, str] = {}
-    bar = ProgressBar(total, unit="lines")
     done = n_tokens = 0
-    with h5py.File(output_path, "w") as out:
+    with h5py.File(output_path, "w") as out, _Writer(out) as writer:
         lines = read_lines(input_path)
         while True:
             chunk = [(n - 1, text.split(), text) for n, text in itertools.islice(lines, chunk_sentences)]
@@ -249,16 +275,19 @@ def _embed_lines(
                         f"{max_sentence_tokens:,} (is it one sentence?); split it or raise the limit"
                     )
                 sentence_to_index[text] = str(index)
-                if not tokens:
-                    out.create_dataset(str(index), shape=empty_shape, dtype=np.float32)
+            writer.put([(str(i), np.zeros(empty_shape, np.float32)) for i, tokens, _ in chunk if not tokens])
             work = [c for c in chunk if c[1]]
-            for (index, _, _), vectors in zip(work, embedder([c[1] for c in work])):
-                out.create_dataset(str(index), data=_select(vectors, layers))
+            for batch, vectors in embedder.batches([c[1] for c in work]):
+                writer.put([(str(work[k][0]), _select(v, layers)) for k, v in zip(batch, vectors)])
             done += len(chunk)
             n_tokens += sum(len(c[1]) for c in chunk)
             bar.update(done, suffix=f"{n_tokens / bar.elapsed():,.0f} tokens/s")
-        bar.clear()
-        out.create_dataset("sentence_to_index", data=[json.dumps(sentence_to_index)], dtype=h5py.string_dtype())
-    seconds = bar.elapsed()
-    log.info("%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s", done, n_tokens, seconds, done / seconds, n_tokens / seconds)
+        writer.put([("sentence_to_index", np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype()))])
+    bar.clear()
+    seconds, compiled = bar.elapsed(), clock.since()
+    working = max(seconds - compiled.seconds, 1e-9)
+    log.info(
+        "%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s without compilation (%s)",
+        done, n_tokens, seconds, done / working, n_tokens / working, compiled,
+    )
     return done

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
 
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
@@ -57,6 +56,8 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
         if vocab is not None and rows is not None and rows != len(vocab):
             raise UserError(f"{path}: vocab.txt has {len(vocab)} words but the params' softmax has {rows} rows")
         abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, rows))
+        import orbax.checkpoint as ocp  # here: half a second of imports that HDF5 models never need
+
         params = ocp.StandardCheckpointer().restore((path / "params").absolute(), abstract)
         return Model(config, params, vocab)
     options, weights = _one_file(path, "options.json"), _one_file(path, "weights.hdf5")
@@ -115,6 +116,8 @@ def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs
         model.config.save(folder / "options.json")
         softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
         (folder / "params_meta.json").write_text(json.dumps({"softmax_rows": softmax_rows}) + "\n")
+        import orbax.checkpoint as ocp
+
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(folder.absolute() / "params", model.params)
         checkpointer.wait_until_finished()

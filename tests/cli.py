@@ -12,8 +12,8 @@ def launch_args(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "launch.py"), *args]
 
 
-def run_cli(args, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_cli(args, env_update: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_update or {})}
     return subprocess.run(launch_args(*args), capture_output=True, text=True, env=env, cwd=ROOT, **kwargs)
 
 

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# launch.py's persistent compilation cache ($XDG_CACHE_HOME/elmo_jax) inside the repository.
+os.environ["XDG_CACHE_HOME"] = str(Path(__file__).resolve().parent.parent / ".jax_cache" / "xdg")
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402

@@ -1,6 +1,8 @@
 """The embedding path encodes each distinct word once, with its padding columns cut, and gives the
 same layers as the biLM on the full char ids of every position."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens
 from elmo_jax.model_io import Model
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
+from cli import run_cli
 from tiny_models import tiny_options
 
 
@@ -51,3 +54,19 @@ def test_the_embedder_equals_the_biLM_on_every_position(model):
             layers, _, state = bilm_layers(model.params, chars, state, model.config)
             for i, s in enumerate(batch):
                 np.testing.assert_allclose(got[start + i], np.asarray(layers)[:, i, 1 : len(s) + 1], atol=1e-6)
+
+
+def test_a_second_embed_run_compiles_nothing(tmp_path, fixtures_dir):
+    src = tmp_path / "in.txt"
+    src.write_text("the river bank\n\na much longer sentence about the money in the bank\nshort\n")
+    model = ["--options", str(fixtures_dir / "elmo" / "options.json"), "--weights", str(fixtures_dir / "elmo" / "lm_weights.hdf5")]
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    reports = []
+    for run, extra in enumerate([[], [], ["--nocompile_cache"]]):
+        args = ["embed", "--input", str(src), "--output", str(tmp_path / f"out{run}.h5"), *model, *extra]
+        result = run_cli(args, env_update=env)
+        assert result.returncode == 0, result.stderr
+        reports.append(re.search(r"(\d+) programs in [\d.]+ s \((\d+) compiled, (\d+) from the persistent cache\)", result.stdout + result.stderr))
+    first, second, uncached = ([int(g) for g in r.groups()] for r in reports)
+    assert first[1] > 0 and second == [first[0], 0, first[0]] and uncached[2] == 0
+    assert any((tmp_path / "cache" / "elmo_jax" / "jax").iterdir())
