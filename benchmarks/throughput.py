@@ -1,20 +1,28 @@
-"""Train-step (or embed-forward) throughput of a named config on one device.
+"""Train-step or embedding throughput of a named config on one device.
 
     python benchmarks/throughput.py --config=original --per-device-batch=128 [--dtype=bf16|f32] [--mode=train|embed]
 
-Builds the real train step (sampled softmax, Adagrad, carried state) or the embedding forward
-(`bilm_layers`) for a published size or `cpu_peer`, feeds it batches from the real batcher over
-a synthetic Zipfian corpus with the config's vocabulary size, warms up, then times steps. Prints
-tokens/s, step time (median and spread), compile time, analytic FLOPs per token (every position
-through the whole network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak
-measured on the same device in the same run, and peak device memory; the last line is JSON.
-A token is one corpus position, processed by both directions.
+`--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a
+published size or `cpu_peer`, feeds it batches from the real batcher over a synthetic Zipfian
+corpus with the config's vocabulary size, warms up, then times steps. Prints tokens/s, step time
+(median and spread), compile time, analytic FLOPs per token (every position through the whole
+network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak measured on the
+same device in the same run, and peak device memory. A token is one corpus position, processed
+by both directions.
+
+`--mode=embed` runs the embedding path of `launch.py embed` (`Embedder`: each distinct word
+encoded once, batches of --per-device-batch sentences) over --sentences Zipfian sentences
+(benchmarks/zipf_text.py, a real text's repeat rate), times whole passes after a first one that
+compiles, and reports tokens/s, the distinct-word count, and the token encoder's time on the
+distinct words against its time on every position (what encoding each distinct word once saves).
+The last line is JSON in both modes.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -28,14 +36,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
+from zipf_text import zipf_sentences  # noqa: E402  (benchmarks/zipf_text.py)
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
-from elmo_jax.model.bilm import bilm_layers, init_params  # noqa: E402
-from elmo_jax.model.lstm import LSTMState  # noqa: E402
+from elmo_jax.compile_time import CompileClock  # noqa: E402
+from elmo_jax.embed import Embedder, encode_words  # noqa: E402
+from elmo_jax.model.bilm import init_params  # noqa: E402
+from elmo_jax.model_io import Model  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
-from elmo_jax.text.chars import PAD_CHAR  # noqa: E402
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
 from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
@@ -47,15 +59,13 @@ CONFIGS = {
 }
 
 
-def flops_per_token(config: ModelConfig, negatives: int, mode: str) -> float:
-    """Nominal FLOPs per corpus position: token encoder once, both LSTM stacks, and (train)
-    the sampled softmax of both directions; a training step counts 3x the forward pass."""
+def flops_per_token(config: ModelConfig, negatives: int) -> float:
+    """Nominal FLOPs per corpus position of a training step: token encoder once, both LSTM
+    stacks and the sampled softmax of both directions, 3x the forward pass."""
     cnn, lstm = config.char_cnn, config.lstm
     C, D, F, P, H = cnn.max_characters_per_token, cnn.embedding_dim, cnn.n_filters, lstm.projection_dim, lstm.dim
     encoder = sum(2 * (C - w + 1) * w * D * n for w, n in cnn.filters) + cnn.n_highway * 2 * 2 * F * F + 2 * F * P
     lstms = 2 * lstm.n_layers * 2 * (2 * P * 4 * H + H * P)
-    if mode == "embed":
-        return encoder + lstms
     softmax = 2 * 2 * P * (negatives + 1)
     return 3 * (encoder + lstms + softmax)
 
@@ -98,6 +108,56 @@ def matmul_peak(dtype, n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
+def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
+    sentences = zipf_sentences(args.sentences)
+    tokens = sum(len(s) for s in sentences)
+    model = Model(config, init_params(jax.random.key(0), config, None))
+    embedder = Embedder(model, batch_size=B, max_tokens=B * 128)
+    clock, start = CompileClock(), time.perf_counter()
+    embedder(sentences)
+    first_s, compiled = time.perf_counter() - start, clock.since()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        embedder(sentences)
+        times.append(time.perf_counter() - start)
+    pass_s = statistics.median(times)
+
+    table = CharTable(config.char_cnn.max_characters_per_token)
+    positions = np.concatenate([table.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences])
+    encoder_s = {}
+    all_columns = functools.partial(encode_words, cut_columns=False)  # the path before: no column cut
+    for name, rows, encode in (
+        ("distinct_words", np.unique(positions), encode_words),
+        ("every_position", positions, encode_words),
+        ("every_position_all_columns", positions, all_columns),
+    ):
+        encode(model, table.lookup(rows))  # compiles
+        start = time.perf_counter()
+        encode(model, table.lookup(rows))
+        encoder_s[name] = time.perf_counter() - start
+    distinct = len(np.unique(positions))
+    result = {
+        "config": args.config, "mode": "embed", "dtype": args.dtype, "device": device.device_kind,
+        "per_device_batch": B, "sentences": len(sentences), "tokens": tokens, "positions": len(positions),
+        "distinct_words": distinct, "tokens_per_sec": tokens / pass_s, "pass_s": pass_s,
+        "pass_spread_s": [min(times), max(times)], "first_pass_s": first_s, "compile_s": compiled.seconds,
+        "programs": compiled.programs, "encoder_distinct_words_s": encoder_s["distinct_words"],
+        "encoder_every_position_s": encoder_s["every_position"],
+        "encoder_every_position_all_columns_s": encoder_s["every_position_all_columns"],
+        "encoder_saving": encoder_s["every_position_all_columns"] / encoder_s["distinct_words"],
+    }
+    print(
+        f"{args.config} embed {args.dtype} B={B} on {device.device_kind}: {tokens / pass_s:,.0f} tokens/s "
+        f"({len(sentences)} sentences, {tokens:,} tokens, {distinct:,} distinct words; pass {pass_s:.2f} s, "
+        f"min {min(times):.2f}, max {max(times):.2f}; first pass {first_s:.1f} s with {compiled}); "
+        f"token encoder {encoder_s['distinct_words']:.2f} s on the distinct words against "
+        f"{encoder_s['every_position']:.2f} s on every position and {encoder_s['every_position_all_columns']:.2f} s "
+        f"on every position's 50 columns ({result['encoder_saving']:.1f}x)"
+    )
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
@@ -108,6 +168,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
+    parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
     parser.add_argument("--release-freed-memory", action="store_true", help="leave JAX's CPU dispatch and glibc malloc as they are (launch.py keeps freed memory)")
     args = parser.parse_args()
     if not args.release_freed_memory:
@@ -117,30 +178,21 @@ def main() -> None:
     B, T = args.per_device_batch or default_batch, args.unroll_steps
     config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype])
     device = jax.devices()[0]
+    if args.mode == "embed":
+        return embed_throughput(args, config, B, device)
     corpus, vocab = synthetic_corpus(vocab_size, max(4 * B, 2000))
     batches = StreamBatcher(corpus, vocab, B, T, seed=0, char_window=config.char_cnn.widest_filter)
 
-    if args.mode == "train":
-        hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
-        state = init_train_state(jax.random.key(0), config, hp, B)
-        step_fn = make_train_step(config, hp, unroll=args.scan_unroll)
+    hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
+    state = init_train_state(jax.random.key(0), config, hp, B)
+    step_fn = make_train_step(config, hp, unroll=args.scan_unroll)
 
-        def run(batch):
-            nonlocal state
-            state, metrics = step_fn(state, batch)
-            return metrics["loss"]
+    def run(batch):
+        nonlocal state
+        state, metrics = step_fn(state, batch)
+        return metrics["loss"]
 
-        tokens_per_step = B * T
-    else:
-        params = init_params(jax.random.key(0), config, None)
-        fn = jax.jit(lambda p, c, s: bilm_layers(p, c, s, config, unroll=args.scan_unroll)[0])
-        zero = LSTMState.zeros(config, B)
-
-        def run(batch):
-            return fn(params, batch["chars"][batch["ids"][0]], zero)  # (B, T, C): the forward stream
-
-        tokens_per_step = B * T
-
+    tokens_per_step = B * T
     host = [next(batches) for _ in range(args.warmup + args.steps)]
     # One distinct-word bucket and one width for all (more padding characters change nothing):
     # one compile.
@@ -161,7 +213,7 @@ def main() -> None:
 
     step_s = statistics.median(times)
     tokens_per_sec = tokens_per_step / step_s
-    flops = flops_per_token(config, negatives, args.mode)
+    flops = flops_per_token(config, negatives)
     achieved = flops * tokens_per_sec
     stats = device.memory_stats() or {}  # before the peak matmul, whose autotuning allocates too
     peak = matmul_peak(DTYPES[args.dtype])

@@ -76,18 +76,20 @@ def _jitted_layers_of_tokens(config: ModelConfig):
 _gather = jax.jit(lambda table_UP, ids_BT: table_UP[ids_BT])
 
 
-def encode_words(model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK) -> np.ndarray:
+def encode_words(model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK, cut_columns: bool = True) -> np.ndarray:
     """Char ids of distinct words (U, C) -> their token vectors (U, P) float32. Sorted by length
-    and encoded `chunk` at a time, each chunk's padding columns cut (`char_columns`) and its rows
-    padded to a power of two: compiled once per (rows, columns) shape."""
+    and encoded `chunk` at a time, each chunk's padding columns cut (`char_columns`: the longest
+    word plus the widest filter; exact) unless `cut_columns` is False, and its rows padded to a
+    power of two: compiled once per (rows, columns) shape."""
     config = model.config
+    char_window = config.char_cnn.widest_filter if cut_columns else None
     out = np.zeros((len(words_UC), config.lstm.projection_dim), np.float32)
     order = np.argsort((words_UC != PAD_CHAR + 1).sum(axis=1), kind="stable")
     encode = _jitted_token_encoder(config)
     for start in range(0, len(order), chunk):
         rows = order[start : start + chunk]
         words = words_UC[rows]
-        padded = np.zeros((rows_bucket(len(rows), chunk), char_columns(words, config.char_cnn.widest_filter)), np.int32)
+        padded = np.zeros((rows_bucket(len(rows), chunk), char_columns(words, char_window)), np.int32)
         padded[: len(rows)] = words[:, : padded.shape[1]]
         out[rows] = np.asarray(encode(model.params["token_encoder"], padded))[: len(rows)]
     return out
