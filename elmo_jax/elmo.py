@@ -68,7 +68,7 @@ class Elmo(nnx.Module):
         self.requires_grad, self.keep_sentence_boundaries = requires_grad, keep_sentence_boundaries
         kind = nnx.Param if requires_grad else Frozen
         bilm = {"token_encoder": model.params["token_encoder"], "lstm": model.params["lstm"]}
-        self.bilm = nnx.data(jax.tree.map(lambda x: kind(jnp.asarray(x, jnp.float32)), bilm))
+        self.bilm = nnx.data(jax.tree.map(lambda x: kind(jax.device_put(x)), bilm))
         layers = model.config.lstm.n_layers + 1
         self.mixes = nnx.List(
             [

@@ -68,12 +68,11 @@ def _jitted_token_encoder(config: ModelConfig):
 
 
 @functools.cache
-def _jitted_layers_of_tokens(config: ModelConfig):
-    return jax.jit(lambda lstm_params, tokens, mask, state: layers_of_tokens(lstm_params, tokens, mask, state, config))
+def _jitted_layers_of_table(config: ModelConfig):
+    def layers(lstm_params, table_UP, ids_BT, mask_BT, state):
+        return layers_of_tokens(lstm_params, table_UP[ids_BT], mask_BT, state, config)
 
-
-# A gather of its own, so that the LSTMs compile once per batch shape, whatever the table's size.
-_gather = jax.jit(lambda table_UP, ids_BT: table_UP[ids_BT])
+    return jax.jit(layers)
 
 
 def encode_words(model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK, cut_columns: bool = True) -> np.ndarray:
@@ -109,7 +108,8 @@ class Embedder:
         self.model, self.config = model, model.config
         self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
         self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
-        self.state = LSTMState.zeros(model.config, batch_size)
+        self.state = self._zero_state(batch_size)
+        self.table_rows = 0  # the word table's rows: only grows, so the LSTMs compile once per batch shape
 
     def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
         check_sentences(sentences)
@@ -129,9 +129,10 @@ class Embedder:
         # Each position's row in the table of the call's distinct words.
         cache_rows = [self.chars.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences]
         distinct, inverse = np.unique(np.concatenate(cache_rows), return_inverse=True)
-        table = np.zeros((bucket_size(len(distinct)), self.config.lstm.projection_dim), np.float32)
+        self.table_rows = max(self.table_rows, bucket_size(len(distinct)))
+        table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
         table[: len(distinct)] = encode_words(self.model, self.chars.lookup(distinct))
-        table_UP = jnp.asarray(table)
+        table_UP = jax.device_put(table)
         ends = np.cumsum([len(r) for r in cache_rows])
         positions = np.split(inverse.astype(np.int32), ends[:-1])
 
@@ -141,6 +142,10 @@ class Embedder:
             batch = order[start:end]
             yield batch, self._run([positions[i] for i in batch], table_UP)
 
+    def _zero_state(self, rows: int) -> LSTMState:
+        """Zeros in numpy: jnp.zeros would be one more compiled program per shape."""
+        return LSTMState(*(np.zeros(x.shape, np.float32) for x in jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))))
+
     def _run(self, positions: list[np.ndarray], table_UP: jax.Array) -> list[np.ndarray]:
         """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array each."""
         T = length_bucket(max(len(p) for p in positions))
@@ -149,9 +154,8 @@ class Embedder:
         mask = np.zeros((rows, T), bool)
         for i, p in enumerate(positions):
             ids[i, : len(p)], mask[i, : len(p)] = p, True
-        state = self.state if self.stateful else LSTMState.zeros(self.config, rows)
-        tokens_BTP = _gather(table_UP, ids)
-        layers, state = _jitted_layers_of_tokens(self.config)(self.model.params["lstm"], tokens_BTP, mask, state)
+        state = self.state if self.stateful else self._zero_state(rows)
+        layers, state = _jitted_layers_of_table(self.config)(self.model.params["lstm"], table_UP, ids, mask, state)
         if self.stateful:
             self.state = state
         layers = np.asarray(layers)

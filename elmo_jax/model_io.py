@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
@@ -43,7 +42,7 @@ def load_model(path: str | Path | None = None, options: str | Path | None = None
         if options is None or weights is None:
             raise UserError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
         config = ModelConfig.load(options)
-        return Model(config, jax.tree.map(jnp.asarray, load_weights(weights, config)))
+        return Model(config, jax.device_put(load_weights(weights, config)))  # jnp.asarray would compile a copy per shape
     path = Path(path)
     if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
         return _load_workdir(path)

@@ -30,8 +30,13 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
     shapes = []
-    real_gather = embed._gather
-    monkeypatch.setattr(embed, "_gather", lambda table, ids: shapes.append(ids.shape) or real_gather(table, ids))
+    real_layers = embed._jitted_layers_of_table(model.config)
+
+    def layers(params, table, ids, mask, state):
+        shapes.append(ids.shape)
+        return real_layers(params, table, ids, mask, state)
+
+    monkeypatch.setattr(embed, "_jitted_layers_of_table", lambda config: layers)
     embed_file(model, src, tmp_path / "out.h5", "all", batch_size=16, max_tokens=256)
     assert all(rows * T <= 256 for rows, T in shapes if rows > 1)
     assert (1, length_bucket(3002)) in shapes and max(rows for rows, _ in shapes) == 16
