@@ -27,7 +27,6 @@ from typing import Iterator
 
 import h5py
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.compile_time import CompileClock
