@@ -42,10 +42,7 @@ import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
 from zipf_text import zipf_sentences  # noqa: E402  (benchmarks/zipf_text.py)
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
-from elmo_jax.compile_time import CompileClock  # noqa: E402
-from elmo_jax.embed import Embedder, encode_words  # noqa: E402
 from elmo_jax.model.bilm import init_params  # noqa: E402
-from elmo_jax.model_io import Model  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
@@ -109,6 +106,11 @@ def matmul_peak(dtype, n: int = 8192, reps: int = 10) -> float:
 
 
 def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
+    # Imported here: the embedding path needs h5py, which a bare accelerator machine may lack.
+    from elmo_jax.compile_time import CompileClock
+    from elmo_jax.embed import Embedder, encode_words
+    from elmo_jax.model_io import Model
+
     sentences = zipf_sentences(args.sentences)
     tokens = sum(len(s) for s in sentences)
     model = Model(config, init_params(jax.random.key(0), config, None))
