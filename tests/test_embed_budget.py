@@ -1,5 +1,5 @@
 """embed is bounded by tokens, not rows: batches within a token budget, a very long line alone,
-the token encoder in chunks, and a line over the limit refused by its number."""
+and a line over the limit refused by its number (the token encoder's pieces: test_embed_words.py)."""
 
 import h5py
 import jax
@@ -10,10 +10,8 @@ from elmo_jax import embed
 from elmo_jax.config import ModelConfig
 from elmo_jax.embed import Embedder, embed_file, length_bucket, rows_bucket
 from elmo_jax.errors import UserError
-from elmo_jax.model.bilm import bilm_layers, init_params
-from elmo_jax.model.lstm import LSTMState
+from elmo_jax.model.bilm import init_params
 from elmo_jax.model_io import Model
-from elmo_jax.text.chars import CharTable
 from tiny_models import tiny_options
 
 
@@ -48,17 +46,6 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
     with pytest.raises(UserError, match=r"in.txt: line 18 has 3,000 tokens, more than --max_sentence_tokens=2,999"):
         embed_file(model, src, tmp_path / "refused.h5", "all", max_sentence_tokens=2999)
     assert not (tmp_path / "refused.h5").exists()
-
-
-def test_the_token_encoder_in_chunks_gives_the_same_layers(model):
-    table = CharTable(model.config.char_cnn.max_characters_per_token)
-    words = [f"word{i}" for i in range(37)]
-    chars = np.zeros((3, 16, table.max_chars), np.int32)
-    chars[:, :13] = table.encode((words * 2)[:39]).reshape(3, 13, -1)
-    state = LSTMState.zeros(model.config, 3)
-    whole = bilm_layers(model.params, chars, state, model.config)[0]
-    chunked = bilm_layers(model.params, chars, state, model.config, encoder_chunk=10)[0]
-    np.testing.assert_allclose(np.asarray(chunked), np.asarray(whole), atol=1e-6)
 
 
 def test_rows_bucket():

@@ -80,31 +80,18 @@ def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x_BT, index, axis=1)
 
 
-def encode_in_chunks(params: Params, chars_NC: jax.Array, config: ModelConfig, chunk: int) -> jax.Array:
-    """encode_tokens over (N, C) chars, `chunk` tokens at a time (bounding the char CNN's
-    activations) -> (N, P)."""
-    N, C = chars_NC.shape
-    if N <= chunk:
-        return encode_tokens(params, chars_NC, config)
-    padded = jnp.pad(chars_NC, ((0, -N % chunk), (0, 0))).reshape(-1, chunk, C)
-    params = jax.tree.map(jnp.asarray, params)  # numpy params cannot be indexed by the loop's tracers
-    return jax.lax.map(lambda c: encode_tokens(params, c, config), padded).reshape(-1, config.lstm.projection_dim)[:N]
-
-
 def bilm_layers(
-    params: Params, chars_BTC: jax.Array, state: LSTMState, config: ModelConfig, unroll: int = 1,
-    encoder_chunk: int | None = None,
+    params: Params, chars_BTC: jax.Array, state: LSTMState, config: ModelConfig, unroll: int = 1
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Inference view: sentences (B, T, C) with `<S>`/`</S>` in place, left-aligned, padded
-    slots all 0 -> every layer (L + 1, B, T, 2P), mask (B, T) and the new state. With
-    `encoder_chunk`, the token encoder runs over that many tokens at a time.
+    slots all 0 -> every layer (L + 1, B, T, 2P), mask (B, T) and the new state.
 
     Layer 0 is [token | token]; layer l >= 1 is [forward_l | backward_l], where the backward
     LSTMs read each sentence from its `</S>` down to its `<S>`. Padded positions are 0.
     """
     B, T, C = chars_BTC.shape
     mask_BT = jnp.any(chars_BTC > 0, axis=-1)
-    tokens_NP = encode_in_chunks(params["token_encoder"], chars_BTC.reshape(B * T, C), config, encoder_chunk or B * T)
+    tokens_NP = encode_tokens(params["token_encoder"], chars_BTC.reshape(B * T, C), config)
     layers, state = layers_of_tokens(params["lstm"], tokens_NP.reshape(B, T, -1), mask_BT, state, config, unroll)
     return layers, mask_BT, state
 
