@@ -111,17 +111,20 @@ class Embedder:
         self.table_rows = 0  # the word table's rows: only grows, so the LSTMs compile once per batch shape
 
     def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        check_sentences(sentences)
+        batches = self.batches(sentences)
         out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
-        for indices, layers in self.batches(sentences):
+        for indices, layers in batches:
             for i, vectors in zip(indices, layers):
                 out[i] = vectors
         return out
 
     def batches(self, sentences: list[list[str]]) -> Iterator[tuple[list[int], list[np.ndarray]]]:
         """As `__call__`, batch by batch as they are computed: (the batch's sentence indices,
-        their layers)."""
+        their layers). The sentences are checked at once, before any batch is asked for."""
         check_sentences(sentences)
+        return self._batches_of(sentences)
+
+    def _batches_of(self, sentences: list[list[str]]) -> Iterator[tuple[list[int], list[np.ndarray]]]:
         n = len(sentences)
         if n == 0:
             return

@@ -75,23 +75,23 @@ class CharTable:
         return self.lookup(self.ids(tokens))
 
 
-def check_sentences(sentences, what: str = "sentences") -> None:
+def check_sentences(sentences) -> None:
     """Raises TypeError unless `sentences` is a list (or tuple) of token lists: a string, or a
     list of strings, would otherwise be read one character per token."""
     if isinstance(sentences, (str, bytes)) or not isinstance(sentences, (list, tuple)):
         raise TypeError(
-            f"{what} must be a list of token lists, such as [['the', 'river', 'bank']], got {type(sentences).__name__}"
+            f"sentences must be a list of token lists, such as [['the', 'river', 'bank']], got {type(sentences).__name__}"
             + (" (split it: [text.split()])" if isinstance(sentences, str) else "")
         )
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, (str, bytes)) or not isinstance(sentence, (list, tuple)):
             raise TypeError(
-                f"{what}[{i}] is a {type(sentence).__name__}, not a list of tokens; pass "
+                f"sentences[{i}] is a {type(sentence).__name__}, not a list of tokens; pass "
                 f"[text.split() for text in texts] for strings, or [tokens] for one sentence"
             )
         bad = next((t for t in sentence if not isinstance(t, str)), None)
         if bad is not None:
-            raise TypeError(f"{what}[{i}] holds a {type(bad).__name__} ({bad!r}); tokens must be strings")
+            raise TypeError(f"sentences[{i}] holds a {type(bad).__name__} ({bad!r}); tokens must be strings")
 
 
 def batch_to_ids(sentences: list[list[str]], max_chars: int = MAX_CHARS) -> np.ndarray:
