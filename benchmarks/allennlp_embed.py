@@ -60,8 +60,8 @@ with torch.no_grad(), h5py.File(target, "w") as out:
         forward += time.perf_counter() - tick
         layers = [remove_sentence_boundaries(a, result["mask"])[0] for a in result["activations"]]
         stacked = torch.stack(layers, dim=1).numpy()  # (B, L + 1, T, 2P)
-        for i, tokens in zip(rows, batch):
-            out.create_dataset(str(i), data=stacked[rows.index(i), :, : len(tokens)])
+        for k, (i, tokens) in enumerate(zip(rows, batch)):
+            out.create_dataset(str(i), data=stacked[k, :, : len(tokens)])
     out.create_dataset("sentence_to_index", data=[json.dumps({l: str(i) for i, l in enumerate(lines)})],
                        dtype=h5py.string_dtype())
 print(json.dumps({"forward_s": forward, "torch_threads": torch.get_num_threads()}))
