@@ -1,8 +1,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from elmo_jax.model.lstm import _Clips, _forward, _recurrence, lstm_layer
+from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_jax.model.lstm import LSTMState, _Clips, _Stack, _wave_forward, _wavefront, dropout_keep_masks, lstm_stacks
+
+RATE = 0.3
 
 
 def sigmoid(x):
@@ -10,7 +14,7 @@ def sigmoid(x):
 
 
 def numpy_lstm(W, b, W_p, x_BTI, mask_BT, h, c, cell_clip, proj_clip):
-    """docs/MODEL.md section 1, one step at a time, float64."""
+    """docs/MODEL.md section 1, one layer, one step at a time, float64."""
     outputs = np.zeros(x_BTI.shape[:2] + (W_p.shape[1],))
     for t in range(x_BTI.shape[1]):
         z = np.concatenate([x_BTI[:, t], h], axis=-1) @ W + b
@@ -23,67 +27,92 @@ def numpy_lstm(W, b, W_p, x_BTI, mask_BT, h, c, cell_clip, proj_clip):
     return outputs, h, c
 
 
-def test_lstm_layer_matches_numpy_with_both_clips_firing():
-    """Two directions with their own weights, time-major, against the float64 reference."""
-    rng = np.random.default_rng(1)
-    D, B, T, I, C, P = 2, 3, 7, 5, 8, 4
-    W = rng.normal(0, 1.5, (D, I + P, 4 * C))
-    b = rng.normal(0, 1.0, (D, 4 * C))
-    W_p = rng.normal(0, 1.5, (D, C, P))
-    x = rng.normal(0, 2.0, (D, B, T, I))
+def numpy_stacks(params, x_DBTP, mask_BT, h0, c0, config, keep):
+    """Layer after layer, each direction on its own, float64: dropout on each layer's input,
+    the residual around layers >= 1."""
+    cfg = config.lstm
+    outputs, hs, cs = [], [], []
+    layer_in = x_DBTP
+    for layer in range(cfg.n_layers):
+        p = params[f"layer_{layer}"]
+        if keep is not None:
+            layer_in = np.where(keep[layer], layer_in / (1.0 - RATE), 0.0)
+        runs = [numpy_lstm(p["W_0"][d], p["B"][d], p["W_P_0"][d], layer_in[d], mask_BT, h0[d, layer], c0[d, layer],
+                           cfg.cell_clip, cfg.proj_clip) for d in range(2)]
+        out = np.stack([r[0] for r in runs])
+        if cfg.use_skip_connections and layer > 0:
+            out = np.where(mask_BT[None, :, :, None], out + layer_in, 0.0)
+        outputs.append(out)
+        hs.append(np.stack([r[1] for r in runs]))
+        cs.append(np.stack([r[2] for r in runs]))
+        layer_in = out
+    return np.stack(outputs), np.stack(hs, axis=1), np.stack(cs, axis=1)
+
+
+def small_config(n_layers, skip):
+    return ModelConfig(LSTMConfig(8, 4, n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip),
+                       CharCNNConfig(4, ((1, 4),), 0, 262, 10, "relu"))
+
+
+def random_case(n_layers, skip, seed=1):
+    """Large weights (both clips fire), a mask with a gap and short rows, a non-zero state."""
+    rng = np.random.default_rng(seed)
+    config = small_config(n_layers, skip)
+    B, T, C, P = 3, 7, config.lstm.dim, config.lstm.projection_dim
+    f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
+    params = {f"layer_{layer}": {"W_0": f32(2, 2 * P, 4 * C), "B": f32(2, 4 * C), "W_P_0": f32(2, C, P)} for layer in range(n_layers)}
     mask = np.ones((B, T), bool)
     mask[0, 2:4] = False
     mask[1, 5:] = False
-    mask[2, 2:] = False
-    h0, c0 = rng.normal(0, 1, (D, B, P)), rng.normal(0, 1, (D, B, C))
-    cell_clip, proj_clip = 1.5, 0.7
-    want = [numpy_lstm(W[d], b[d], W_p[d], x[d], mask, h0[d], c0[d], cell_clip, proj_clip) for d in range(D)]
-    # Both clips must be active somewhere, or this test would not test them.
-    for want_out, _, want_c in want:
-        assert np.isclose(np.abs(want_out).max(), proj_clip) and np.isclose(np.abs(want_c).max(), cell_clip)
-    params = {"W_0": W, "B": b, "W_P_0": W_p}
-    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
-    for unroll in (1, 4):
-        out, h, c = jax.jit(lstm_layer, static_argnums=(5, 6, 7))(
-            jax.tree.map(f32, params), f32(x), mask, f32(h0), f32(c0), cell_clip, proj_clip, unroll
-        )
-        for d, (want_out, want_h, want_c) in enumerate(want):
-            np.testing.assert_allclose(out[d], want_out, atol=1e-5)
-            np.testing.assert_allclose(h[d], want_h, atol=1e-5)
-            np.testing.assert_allclose(c[d], want_c, atol=1e-5)
-    assert (np.asarray(out)[:, ~mask] == 0).all()
-
-
-def test_hand_written_gradient_equals_autodiff_of_the_scan():
-    """A layer's custom VJP against JAX's own derivative of the same forward pass, with both
-    clips firing, masked steps (a gap and ends) and gradients flowing into the outputs and the
-    final state."""
-    rng = np.random.default_rng(1)
-    D, B, T, I, C, P = 2, 3, 6, 5, 8, 4
-    f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
-    args = f32(D, I + P, 4 * C), f32(D, 4 * C), f32(D, C, P), f32(D, B, T, I)
-    h0, c0 = f32(D, B, P), f32(D, B, C)
-    mask = np.ones((B, T), bool)
-    mask[1, 4:] = False
     mask[2, 1:] = False
-    mask[0, 2:4] = False
-    weights = f32(D, B, T, P), f32(D, B, P), f32(D, B, C)
-    clips = _Clips(cell=1.5, proj=0.7)
+    state = LSTMState(f32(2, n_layers, B, P), f32(2, n_layers, B, C))
+    keep = np.asarray(dropout_keep_masks(jax.random.key(seed), RATE, n_layers + 1, (2, B, T, P)))
+    return config, params, f32(2, B, T, P), mask, state, keep
 
-    def loss(layer):
+
+@pytest.mark.parametrize("n_layers, skip", [(1, False), (2, True), (3, True), (3, False)])
+def test_stacks_match_numpy_layer_after_layer(n_layers, skip):
+    """The wavefront (all layers in one loop) equals the float64 reference run layer after
+    layer, with both clips firing, masked steps, a carried state, dropout and the residual."""
+    config, params, x, mask, state, keep = random_case(n_layers, skip)
+    for keep_masks in (None, keep):
+        want_out, want_h, want_c = numpy_stacks(params, x, mask, state.h, state.c, config, keep_masks)
+        assert np.isclose(np.abs(want_c).max(), config.lstm.cell_clip)
+        for unroll in (1, 4):
+            run = jax.jit(lstm_stacks, static_argnames=("config", "dropout", "unroll"))
+            out, new = run(params, x, mask, state, config, keep_masks, dropout=RATE, unroll=unroll)
+            np.testing.assert_allclose(out, want_out, atol=1e-5)
+            np.testing.assert_allclose(new.h, want_h, atol=1e-5)
+            np.testing.assert_allclose(new.c, want_c, atol=1e-5)
+    assert (np.asarray(out)[:, :, ~mask] == 0).all()
+
+
+@pytest.mark.parametrize("n_layers, skip", [(1, False), (3, True)])
+def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
+    """The wavefront's custom VJP against JAX's own derivative of the same forward loop, with
+    both clips firing, masked steps, dropout between layers, the residual, and gradients
+    flowing into every layer's outputs and the final state."""
+    config, params, x, mask, state, keep = random_case(n_layers, skip, seed=2)
+    cfg = config.lstm
+    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, "float32")
+    stacked = [np.stack([params[f"layer_{layer}"][name] for layer in range(n_layers)]) for name in ("W_0", "B", "W_P_0")]
+    keep_upper = None if n_layers == 1 else keep[1:n_layers]
+    h0, c0 = np.swapaxes(state.h, 0, 1), np.swapaxes(state.c, 0, 1)
+    rng = np.random.default_rng(3)
+    weights = [rng.normal(size=a.shape) for a in _wavefront(*stacked, x, mask, keep_upper, h0, c0, st)]
+
+    def loss(layers):
         def f(W_0, b, W_p, x, h0, c0):
-            out, h, c = layer(W_0, b, W_p, x, mask, h0, c0)
-            return sum(jnp.sum(w * y) for w, y in zip(weights, (out, h, c)))
+            return sum(jnp.sum(w * y) for w, y in zip(weights, layers(W_0, b, W_p, x, mask, keep_upper, h0, c0)))
 
         return jax.jit(jax.grad(f, argnums=tuple(range(6))))
 
     def autodiff(*args):
-        return _forward(*args, clips, 1, "float32", residuals=False)[0]
+        return _wave_forward(*args, st, residuals=False)[0]
 
-    out, _, c = autodiff(*args, mask, h0, c0)
-    assert np.isclose(np.abs(out).max(), clips.proj) and np.isclose(np.abs(c).max(), clips.cell)
-    want = loss(autodiff)(*args, h0, c0)
-    got = loss(lambda *args: _recurrence(*args, clips, 1, "float32"))(*args, h0, c0)
+    want = loss(autodiff)(*stacked, x, h0, c0)
+    got = loss(lambda *args: _wavefront(*args, st))(*stacked, x, h0, c0)
     for name, g, w in zip(["W_0", "B", "W_P_0", "x", "h0", "c0"], got, want):
         assert np.abs(w).max() > 0.1, name
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
+

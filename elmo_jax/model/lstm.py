@@ -1,12 +1,16 @@
-"""The LSTM with projection and clipping (TF `LSTMCell`, docs/MODEL.md section 1), both
-directions at once.
+"""The LSTM with projection and clipping (TF `LSTMCell`, docs/MODEL.md section 1): every layer
+and both directions of a biLM in one time loop.
 
 Layer params hold both directions stacked on axis 0 (0 forward, 1 backward), in bilm-tf's
-layout: `W_0` (2, I + P, 4C) with rows [input; h_prev] and gate blocks i, j, f, o; `B` (2, 4C)
-without the +1 forget bias; `W_P_0` (2, C, P). The input half of the gate matmul runs for all
-T steps in one matmul before the time loop; the loop body holds the recurrent matmul and the
-projection of both directions (batched matmuls), and its gradient is written by hand
-(`_recurrence`)."""
+layout: `W_0` (2, 2P, 4C) with rows [input; h_prev] and gate blocks i, j, f, o; `B` (2, 4C)
+without the +1 forget bias; `W_P_0` (2, C, P).
+
+The layers run as a wavefront: layer l at time t needs only layer l - 1 at time t, so loop
+step s runs layer l at time s - l for every l at once, and a train step's forward and backward
+passes are T + L - 1 dependent steps each instead of L x T. Each step is two batched matmuls
+over (layer, direction): [input; h] @ W_0 and the projection. The gradient is written by hand
+(`_wavefront`) and runs the same diagonal backwards.
+"""
 
 from __future__ import annotations
 
@@ -80,54 +84,6 @@ def _gate_constants(C: int) -> tuple[np.ndarray, ...]:
     return slope, offset, scale, shift
 
 
-def _cell(h_DBP, c_DBC, gates_x_DBG, W_h, W_proj, clips: _Clips, dtype: str):
-    """One step of both directions (axis 0) -> new h, new c, the gate activations (D, B, 4C)
-    and the unclipped cell (D, B, C) and projection (D, B, P)."""
-    slope, offset, scale, shift = _gate_constants(c_DBC.shape[-1])
-    z = gates_x_DBG + einsum("dbp,dpg->dbg", h_DBP, W_h, dtype)
-    acts = scale * jnp.tanh(slope * z + offset) + shift
-    si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-    c_raw = sf * c_DBC + si * tj
-    c_new = _clip(c_raw, clips.cell)
-    h_raw = einsum("dbc,dcp->dbp", so * jnp.tanh(c_new), W_proj, dtype)
-    return _clip(h_raw, clips.proj), c_new, acts, c_raw, h_raw
-
-
-def _at(x_DBTX: jax.Array, t) -> jax.Array:
-    return jax.lax.dynamic_index_in_dim(x_DBTX, t, axis=2, keepdims=False)
-
-
-def _put(buffer_DBTX: jax.Array, t, value_DBX: jax.Array) -> jax.Array:
-    return jax.lax.dynamic_update_index_in_dim(buffer_DBTX, value_DBX, t, axis=2)
-
-
-def _step_mask(mask_BT: jax.Array, t) -> jax.Array:
-    return jax.lax.dynamic_index_in_dim(mask_BT, t, axis=1, keepdims=False)[None, :, None]
-
-
-def _scan(W_h, W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals):
-    """The recurrence over T steps -> unclipped projections (D, B, T, P), final h and c, and
-    with `residuals` the gate activations (D, B, T, 4C) and unclipped cells (D, B, T, C).
-    The loop reads and writes time step t of batch-major arrays in place (no transposes)."""
-    D, B, T, G = gates_x_DBTG.shape
-    widths = (W_proj.shape[-1], G, G // 4) if residuals else (W_proj.shape[-1],)
-    buffers = tuple(jnp.zeros_like(gates_x_DBTG, shape=(D, B, T, n)) for n in widths)  # as varying as the inputs
-
-    def step(t, carry):
-        h, c, buffers = carry
-        h_new, c_new, acts, c_raw, h_raw = _cell(h, c, _at(gates_x_DBTG, t), W_h, W_proj, clips, dtype)
-        buffers = tuple(_put(buffer, t, x) for buffer, x in zip(buffers, (h_raw, acts, c_raw)))
-        m = _step_mask(mask_BT, t)
-        return jnp.where(m, h_new, h), jnp.where(m, c_new, c), buffers
-
-    h, c, buffers = jax.lax.fori_loop(0, T, step, (h_DBP, c_DBC, buffers), unroll=unroll)
-    return buffers, h, c
-
-
-def _outputs(h_raw_DBTP, mask_BT, clips):
-    return jnp.where(mask_BT[None, :, :, None], _clip(h_raw_DBTP, clips.proj), 0.0)
-
-
 def _state_before_each_step(new_DBTX, initial_DBX, mask_BT):
     """The state each step read (D, B, T, X): the last earlier step's where it ran, else the
     initial state."""
@@ -138,94 +94,147 @@ def _state_before_each_step(new_DBTX, initial_DBX, mask_BT):
     return jnp.take_along_axis(states, last_ran[None, :, :, None], axis=2)
 
 
-def _forward(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals):
-    """-> (outputs (D, B, T, P), final h, final c) and what _scan saved. The input half of the
-    gate matmul runs for all T steps in one matmul before the loop."""
-    n_in = x_DBTI.shape[-1]
-    gates_x_DBTG = einsum("dbti,dig->dbtg", x_DBTI, W_0[:, :n_in], dtype) + b[:, None, None]
-    saved, h, c = _scan(W_0[:, n_in:], W_proj, gates_x_DBTG, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals)
-    return (_outputs(saved[0], mask_BT, clips), h, c), saved
+class _Stack(NamedTuple):
+    """What the wavefront needs besides arrays (hashable: a custom_vjp static argument)."""
+
+    clips: _Clips
+    skip: bool  # residual around layers >= 1
+    dropout: float  # the rate of `keep`, the dropout on layers >= 1's inputs
+    unroll: int
+    dtype: str
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
-def _recurrence(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
-    """One layer: outputs (D, B, T, P), final h (D, B, P) and c (D, B, C).
-
-    Differentiated by hand: the backward loop holds only the two matmuls that carry the
-    gradient back in time; the gradient of W_0 (input and recurrent rows together) is one
-    matmul over all T steps afterwards, and so is W_proj's (JAX's scan transpose would add a
-    small outer product into them at every step).
-    """
-    return _forward(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=False)[0]
-
-
-def _recurrence_fwd(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype):
-    outputs, saved = _forward(W_0, b, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype, residuals=True)
-    return outputs, (W_0, W_proj, x_DBTI, mask_BT, h_DBP, c_DBC, *saved)
+def _skew(x: jax.Array, S: int, axis: int, fill=0, first: int = 0) -> jax.Array:
+    """Layer l (axis 0 holds layers first, first + 1, ...) shifted l slots later along the time
+    `axis` (T -> S = T + L - 1 slots): slot s holds layer l's time s - l, so that one loop step
+    s serves every layer at once."""
+    T = x.shape[axis]
+    pads = [[(0, 0)] * (x.ndim - 1) for _ in range(x.shape[0])]
+    for shift, pad in enumerate(pads, start=first):
+        pad[axis - 1] = (shift, S - T - shift)
+    return jnp.stack([jnp.pad(x[i], pad, constant_values=fill) for i, pad in enumerate(pads)])
 
 
-def _recurrence_bwd(clips, unroll, dtype, residuals, cotangents):
-    W_0, W_proj, x_DBTI, mask_BT, h0, c0, h_raw_DBTP, acts_DBTG, c_raw_DBTC = residuals
-    d_out_DBTP, d_h, d_c = cotangents
+def _unskew(x: jax.Array, T: int, axis: int) -> jax.Array:
+    return jnp.stack([jax.lax.slice_in_dim(x[layer], layer, layer + T, axis=axis - 1) for layer in range(x.shape[0])])
+
+
+def _at_slot(x: jax.Array, s, axis: int = 3) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(x, s, axis=axis, keepdims=False)
+
+
+def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Array:
+    return jax.lax.dynamic_update_index_in_dim(buffer, value, s, axis=axis)
+
+
+def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, residuals: bool):
+    """-> (outputs (L, D, B, T, P), final h (L, D, B, P), final c (L, D, B, C)) and what the
+    backward pass reads. Loop step s runs layer l at time s - l for every l (a slot outside
+    0..T-1 is masked, so it changes nothing), as one batched matmul over layers and directions;
+    layer l + 1 reads what layer l wrote one step earlier."""
+    L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
+    S = T + L - 1
+    x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
+    mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
+    keep_KDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)  # K = L - 1: layers >= 1
+    skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
+    widths = (P, P, P, 4 * W_proj.shape[2], W_proj.shape[2]) if residuals else (P,)
+    buffers = tuple(jnp.zeros_like(x_DBTP, shape=(L, D, B, S, n)) for n in widths)  # as varying as the inputs
+    slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
+
+    def step(s, carry):
+        h, c, out, buffers = carry
+        upper = out[:-1]  # layer l >= 1 reads layer l - 1's output of the last step
+        if keep_KDBSP is not None:
+            upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
+        inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
+        z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_0, st.dtype) + b[:, :, None]
+        acts = scale * jnp.tanh(slope * z + offset) + shift
+        si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+        c_raw = sf * c + si * tj
+        c_new = _clip(c_raw, st.clips.cell)
+        h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj, st.dtype)
+        h_new = _clip(h_raw, st.clips.proj)
+        m = mask_LBS[:, None, :, s, None]
+        out = jnp.where(m, jnp.where(skip_L, h_new + inputs, h_new), 0.0)
+        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, (out, inputs, h_raw, acts, c_raw)))
+        return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out, buffers
+
+    h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, jnp.zeros_like(h_LDBP), buffers), unroll=st.unroll)
+    return (_unskew(buffers[0], T, axis=3), h, c), (mask_LBS, keep_KDBSP, *buffers[1:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _wavefront(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
+    """L layers of D directions (params stacked on axes 0 and 1: W_0 (L, D, 2P, 4C), b (L, D, 4C),
+    W_proj (L, D, C, P)) over inputs (D, B, T, P) -> outputs (L, D, B, T, P) with the residual
+    added (layers >= 1 with `st.skip`), final h (L, D, B, P) and c (L, D, B, C). `keep`
+    (L - 1, D, B, T, P) or None: the dropout on the inputs of layers >= 1.
+
+    Differentiated by hand, running the same diagonal backwards: the loop holds the matmuls
+    that carry the gradient back in time and down the layers; the weight gradients are one
+    matmul each over all steps afterwards."""
+    return _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st, residuals=False)[0]
+
+
+def _wavefront_fwd(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
+    outputs, saved = _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st, residuals=True)
+    return outputs, (W_0, W_proj, keep, h_LDBP, c_LDBC, *saved)
+
+
+def _wavefront_bwd(st: _Stack, residuals, cotangents):
+    W_0, W_proj, keep, h0, c0, mask_LBS, keep_KDBSP, in_LDBSP, h_raw_LDBSP, acts_LDBSG, c_raw_LDBSC = residuals
+    d_out_LDBTP, d_h, d_c = cotangents
+    L, D, B, S, P = in_LDBSP.shape
+    T = S - L + 1
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
-    n_in = x_DBTI.shape[-1]
-    W_0_t, W_proj_t = jnp.swapaxes(W_0, 1, 2), jnp.swapaxes(W_proj, 1, 2)
-    W_x_t, W_h_t = W_0_t[:, :, :n_in], W_0_t[:, :, n_in:]
-    c_new_DBTC = _clip(c_raw_DBTC, clips.cell)
-    c_prev_DBTC = _state_before_each_step(c_new_DBTC, c0, mask_BT)
-    tanh_c_DBTC = jnp.tanh(c_new_DBTC)  # read by the loop and by W_proj's gradient
-    T = mask_BT.shape[1]
+    W_0_t, W_proj_t = jnp.swapaxes(W_0, 2, 3), jnp.swapaxes(W_proj, 2, 3)
+    skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
+    d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
+    c_new_LDBSC = _clip(c_raw_LDBSC, st.clips.cell)
+    before = jax.vmap(_state_before_each_step)  # over layers, each with its own skewed mask
+    c_prev_LDBSC = before(c_new_LDBSC, c0, mask_LBS)
+    tanh_c_LDBSC = jnp.tanh(c_new_LDBSC)  # read by the loop and by W_proj's gradient
 
     def step(i, carry):
-        t = T - 1 - i
-        d_h, d_c, d_gates_DBTG, d_h_raw_DBTP = carry  # d_h, d_c: with respect to the state after step t
-        acts, c_raw, h_raw = _at(acts_DBTG, t), _at(c_raw_DBTC, t), _at(h_raw_DBTP, t)
-        m = _step_mask(mask_BT, t)
+        s = S - 1 - i
+        d_h, d_c, d_above, buffers = carry  # d_above[l]: layer l's output gradient from layer l + 1
+        acts, c_raw, h_raw = _at_slot(acts_LDBSG, s), _at_slot(c_raw_LDBSC, s), _at_slot(h_raw_LDBSP, s)
+        m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-        d_h_raw = _clip_grad(jnp.where(m, _at(d_out_DBTP, t) + d_h, 0.0), h_raw, clips.proj)
-        tc = _at(tanh_c_DBTC, t)
-        d_a = einsum("dbp,dpc->dbc", d_h_raw, W_proj_t, dtype)
-        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_raw, clips.cell)
-        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at(c_prev_DBTC, t), d_a * tc], axis=-1)
+        d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) + d_above, 0.0)
+        d_h_raw = _clip_grad(d_out + jnp.where(m, d_h, 0.0), h_raw, st.clips.proj)
+        tc = _at_slot(tanh_c_LDBSC, s)
+        d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_t, st.dtype)
+        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_raw, st.clips.cell)
+        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at_slot(c_prev_LDBSC, s), d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
         d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
-        d_h_prev = einsum("dbg,dgp->dbp", d_gates, W_h_t, dtype) + jnp.where(m, 0.0, d_h)
+        d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_0_t, st.dtype)
+        d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
+        d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
         d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
-        return d_h_prev, d_c_prev, _put(d_gates_DBTG, t, d_gates), _put(d_h_raw_DBTP, t, d_h_raw)
+        d_upper = d_in[1:]
+        if keep_KDBSP is not None:
+            d_upper = apply_dropout(_at_slot(keep_KDBSP, s), d_upper, st.dropout)
+        d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
+        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, (d_in, d_gates, d_h_raw)))
+        return d_h_prev, d_c_prev, d_above, buffers
 
-    buffers = (jnp.zeros_like(acts_DBTG), jnp.zeros_like(h_raw_DBTP))
-    d_h0, d_c0, d_gates_DBTG, d_h_raw_DBTP = jax.lax.fori_loop(0, T, step, (d_h, d_c, *buffers), unroll=unroll)
-    h_prev_DBTP = _state_before_each_step(_clip(h_raw_DBTP, clips.proj), h0, mask_BT)
-    a_DBTC = jnp.split(acts_DBTG, 4, axis=-1)[3] * tanh_c_DBTC
-    d_W_0 = einsum("dbtk,dbtg->dkg", jnp.concatenate([x_DBTI, h_prev_DBTP], axis=-1), d_gates_DBTG, dtype)
-    # Transposed, so that XLA lays out the narrow d_h_raw (P wide) for the matmul, not a (C wide).
-    d_W_proj = jnp.swapaxes(einsum("dbtp,dbtc->dpc", d_h_raw_DBTP, a_DBTC, dtype), 1, 2)
-    d_x = einsum("dbtg,dgi->dbti", d_gates_DBTG, W_x_t, dtype)
-    return d_W_0, d_gates_DBTG.sum(axis=(1, 2)), d_W_proj, d_x, None, d_h0, d_c0
+    buffers = (jnp.zeros_like(in_LDBSP), jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP))
+    carry = (d_h, d_c, jnp.zeros_like(d_h), buffers)
+    d_h0, d_c0, _, (d_in_LDBSP, d_gates_LDBSG, d_h_raw_LDBSP) = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
+    # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
+    # gradients can sum over all slots.
+    h_prev_LDBSP = before(_clip(h_raw_LDBSP, st.clips.proj), h0, mask_LBS)
+    a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3] * tanh_c_LDBSC
+    d_W_0 = einsum("ldbsk,ldbsg->ldkg", jnp.concatenate([in_LDBSP, h_prev_LDBSP], axis=-1), d_gates_LDBSG, st.dtype)
+    d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
+    d_x = d_in_LDBSP[0, :, :, :T]
+    return d_W_0, d_gates_LDBSG.sum(axis=(2, 3)), d_W_proj, d_x, None, None, d_h0, d_c0
 
 
-_recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
-
-
-def lstm_layer(
-    params: Params,
-    x_DBTI: jax.Array,
-    mask_BT: jax.Array,
-    h_DBP: jax.Array,
-    c_DBC: jax.Array,
-    cell_clip: float | None,
-    proj_clip: float | None,
-    unroll: int = 1,
-    dtype: str = "float32",
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer of D directions (params stacked on axis 0, inputs (D, B, T, I)); matmuls in
-    `dtype`.
-
-    Returns outputs (D, B, T, P) (0 where mask is False), final h (D, B, P) and c (D, B, C);
-    masked positions leave the state unchanged.
-    """
-    clips = _Clips(cell_clip, proj_clip)
-    return _recurrence(params["W_0"], params["B"], params["W_P_0"], x_DBTI, mask_BT, h_DBP, c_DBC, clips, unroll, dtype)
+_wavefront.defvjp(_wavefront_fwd, _wavefront_bwd)
 
 
 def lstm_stacks(
@@ -243,26 +252,18 @@ def lstm_stacks(
     With `keep_masks` (at least L, 2, B, T, P; bool), layer l's input is dropped out where
     keep_masks[l] is False and scaled by 1 / (1 - dropout) elsewhere, as bilm-tf's
     DropoutWrapper does, and the residual (layers >= 1 with skip connections) adds the
-    dropped-out input. Outputs are 0 where mask is False.
+    dropped-out input. Outputs are 0 where mask is False, and masked positions leave the state
+    unchanged. Matmuls run in `config.compute_dtype`; `unroll` unrolls the time loop.
     """
     cfg = config.lstm
-    keep = mask_BT[None, :, :, None]
-    outputs, hs, cs = [], [], []
-    layer_in = x_2BTP
-    for layer in range(cfg.n_layers):
-        if keep_masks is not None:
-            layer_in = apply_dropout(keep_masks[layer], layer_in, dropout)
-        out, h, c = lstm_layer(
-            params[f"layer_{layer}"], layer_in, mask_BT, state.h[:, layer], state.c[:, layer],
-            cfg.cell_clip, cfg.proj_clip, unroll, config.compute_dtype,
-        )
-        if cfg.use_skip_connections and layer > 0:
-            out = jnp.where(keep, out + layer_in, 0.0)
-        outputs.append(out)
-        hs.append(h)
-        cs.append(c)
-        layer_in = out
-    return jnp.stack(outputs), LSTMState(jnp.stack(hs, axis=1), jnp.stack(cs, axis=1))
+    L = cfg.n_layers
+    stacked = {name: jnp.stack([params[f"layer_{layer}"][name] for layer in range(L)]) for name in ("W_0", "B", "W_P_0")}
+    x = x_2BTP if keep_masks is None else apply_dropout(keep_masks[0], x_2BTP, dropout)
+    keep = None if keep_masks is None or L == 1 else keep_masks[1:L]
+    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
+    h0, c0 = jnp.swapaxes(state.h, 0, 1), jnp.swapaxes(state.c, 0, 1)
+    outputs, h, c = _wavefront(stacked["W_0"], stacked["B"], stacked["W_P_0"], x, mask_BT, keep, h0, c0, st)
+    return outputs, LSTMState(jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1))
 
 
 def dropout_keep_masks(rng: jax.Array, rate: float, n: int, shape: tuple[int, ...]) -> jax.Array:
