@@ -134,13 +134,15 @@ def _local_losses(
     # Marked device-varying here, once: left replicated, each use (inside the scan: at every
     # time step) would be a cast whose transpose sums that use's gradient over devices.
     lstm_params, table, tokens_UP = jax.tree.map(lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table, tokens_UP))
-    top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, unroll)
+    with jax.named_scope("lstm"):
+        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, unroll)
     mask_n = mask_bT.reshape(-1)
     sums = []
-    for d in range(2):
-        h_NP = top_2bTP[d].reshape(-1, top_2bTP.shape[-1])
-        ce = _cross_entropy(h_NP, table, used, d, config=config, vocab_size=vocab_size)
-        sums.append(jnp.sum(jnp.where(mask_n, ce, 0.0)))
+    with jax.named_scope("softmax"):
+        for d in range(2):
+            h_NP = top_2bTP[d].reshape(-1, top_2bTP.shape[-1])
+            ce = _cross_entropy(h_NP, table, used, d, config=config, vocab_size=vocab_size)
+            sums.append(jnp.sum(jnp.where(mask_n, ce, 0.0)))
     return jax.lax.psum(jnp.stack(sums), AXIS) / n_tokens, new_state
 
 
@@ -153,7 +155,8 @@ def _loss(
     (K,); without it (full softmax) the whole table, whose first hp.n_tokens_vocab rows are the
     vocabulary. The token encoder runs over the mesh as jit lays it out (distinct words split
     over devices); the LSTMs and the loss run per device under shard_map."""
-    tokens_UP = encode_tokens(params["token_encoder"], batch["chars"], config)
+    with jax.named_scope("token_encoder"):
+        tokens_UP = encode_tokens(params["token_encoder"], batch["chars"], config)
     mask_BT = batch["mask"]
     n_tokens = jnp.maximum(mask_BT.sum(), 1)
     B, T = mask_BT.shape
@@ -174,7 +177,8 @@ def _loss(
     if hp.dropout > 0.0:
         # Drawn for the whole batch, so the masks do not depend on how it is split.
         shape = (2, B, T, config.lstm.projection_dim)
-        keep, keep_spec = dropout_keep_masks(rng, hp.dropout, config.lstm.n_layers + 1, shape), PartitionSpec(None, None, AXIS)
+        with jax.named_scope("dropout"):
+            keep, keep_spec = dropout_keep_masks(rng, hp.dropout, config.lstm.n_layers + 1, shape), PartitionSpec(None, None, AXIS)
     local = jax.shard_map(
         functools.partial(_local_losses, config=config, dropout=hp.dropout, unroll=unroll, vocab_size=vocab_size),
         mesh=mesh,
@@ -209,6 +213,26 @@ def _sparse_adagrad(table: dict, accumulators: dict, gathered: dict, grads: dict
     return new_table, new_acc
 
 
+def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: SoftmaxRows | None, hp: TrainHParams):
+    """Clipped Adagrad: the dense params through optax, the softmax table (its rows `used`
+    touched, or all of it) by TF1's rule -> new params, new optimizer state, the gradient's norm
+    before clipping."""
+    grad_norm = optax.tree.norm(grads)
+    grads, _ = optax.clip_by_global_norm(hp.all_clip_norm_val).update(grads, optax.EmptyState())
+    updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
+    new_params = optax.apply_updates(_without_softmax(state.params), updates)
+    table, accumulators = state.params["softmax"], state.opt_state["softmax"]
+    if used is None:
+        new_params["softmax"], softmax_state = {}, {}
+        for k in table:
+            new_params["softmax"][k], softmax_state[k] = _adagrad(table[k], accumulators[k], grads["softmax"][k], hp.learning_rate)
+    else:
+        new_params["softmax"], softmax_state = _sparse_adagrad(
+            table, accumulators, gathered, grads["softmax"], used.rows, hp.learning_rate
+        )
+    return new_params, {"dense": dense_state, "softmax": softmax_state}, grad_norm
+
+
 def train_step(
     state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, mesh, unroll: int = 1
 ) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -218,26 +242,17 @@ def train_step(
     k_dropout, k_sample = jax.random.split(rng)
     table = state.params["softmax"]
     if hp.sample_softmax:
-        used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
-        gathered = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
+        with jax.named_scope("sampler"):
+            used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
+        with jax.named_scope("softmax"):
+            gathered = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
     else:
         used, gathered = None, table
     params = {**state.params, "softmax": gathered}
     grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)
     grads, (loss, (losses, lstm_state)) = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh)
-    grad_norm = optax.tree.norm(grads)
-    grads, _ = optax.clip_by_global_norm(hp.all_clip_norm_val).update(grads, optax.EmptyState())
-    updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
-    new_params = optax.apply_updates(_without_softmax(state.params), updates)
-    accumulators = state.opt_state["softmax"]
-    if used is None:
-        new_params["softmax"], softmax_state = {}, {}
-        for k in table:
-            new_params["softmax"][k], softmax_state[k] = _adagrad(table[k], accumulators[k], grads["softmax"][k], hp.learning_rate)
-    else:
-        new_params["softmax"], softmax_state = _sparse_adagrad(
-            table, accumulators, gathered, grads["softmax"], used.rows, hp.learning_rate
-        )
+    with jax.named_scope("optimizer"):
+        new_params, opt_state, grad_norm = _apply_gradients(state, grads, gathered, used, hp)
     metrics = {
         "loss": loss,
         "loss_forward": losses[0],
@@ -247,7 +262,7 @@ def train_step(
     }
     new_state = state.replace(
         params=new_params,
-        opt_state={"dense": dense_state, "softmax": softmax_state},
+        opt_state=opt_state,
         lstm_state=lstm_state,
         step=state.step + 1,
     )
