@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
+import step_profile  # noqa: E402  (benchmarks/step_profile.py)
 from zipf_text import zipf_sentences  # noqa: E402  (benchmarks/zipf_text.py)
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
@@ -168,6 +169,8 @@ def main() -> None:
     parser.add_argument("--mode", default="train", choices=["train", "embed"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="train: also trace this many steps with jax.profiler and print where their time goes")
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
     parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
@@ -187,15 +190,8 @@ def main() -> None:
 
     hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
     state = init_train_state(jax.random.key(0), config, hp, B)
-    step_fn = make_train_step(config, hp, unroll=args.scan_unroll)
-
-    def run(batch):
-        nonlocal state
-        state, metrics = step_fn(state, batch)
-        return metrics["loss"]
-
     tokens_per_step = B * T
-    host = [next(batches) for _ in range(args.warmup + args.steps)]
+    host = [next(batches) for _ in range(args.warmup + args.steps + args.profile)]
     # One distinct-word bucket and one width for all (more padding characters change nothing):
     # one compile.
     U, W = max(b["chars"].shape[0] for b in host), max(b["chars"].shape[1] for b in host)
@@ -203,12 +199,18 @@ def main() -> None:
         u, w = b["chars"].shape
         b["chars"] = np.pad(np.pad(b["chars"], ((0, 0), (0, W - w)), constant_values=PAD_CHAR + 1), ((0, U - u), (0, 0)))
     start = time.perf_counter()
-    jax.block_until_ready(run(host[0]))
+    step_fn = make_train_step(config, hp, unroll=args.scan_unroll).lower(state, host[0]).compile()
     compile_s = time.perf_counter() - start
-    for batch in host[1 : args.warmup]:
+
+    def run(batch):
+        nonlocal state
+        state, metrics = step_fn(state, batch)
+        return metrics["loss"]
+
+    for batch in host[: args.warmup]:
         jax.block_until_ready(run(batch))
     times = []
-    for batch in host[args.warmup :]:
+    for batch in host[args.warmup : args.warmup + args.steps]:
         start = time.perf_counter()
         jax.block_until_ready(run(batch))
         times.append(time.perf_counter() - start)
@@ -218,6 +220,10 @@ def main() -> None:
     flops = flops_per_token(config, negatives)
     achieved = flops * tokens_per_sec
     stats = device.memory_stats() or {}  # before the peak matmul, whose autotuning allocates too
+    profile = None
+    if args.profile:
+        trace = step_profile.profile_steps(run, [(b,) for b in host[args.warmup + args.steps :]])
+        profile = step_profile.breakdown(trace, step_fn.as_text(), args.profile)
     peak = matmul_peak(DTYPES[args.dtype])
     result = {
         "config": args.config,
@@ -236,6 +242,7 @@ def main() -> None:
         "matmul_peak_tflops": peak / 1e12,
         "mfu": achieved / peak,
         "peak_memory_gb": stats.get("peak_bytes_in_use", 0) / 1e9 or None,
+        "profile": profile,
     }
     print(
         f"{args.config} {args.mode} {args.dtype} B={B} on {device.device_kind}: {tokens_per_sec:,.0f} tokens/s, "
@@ -243,6 +250,8 @@ def main() -> None:
         f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
         f"MFU {100 * achieved / peak:.1f}% of a measured {peak / 1e12:.1f} TFLOP/s matmul"
     )
+    if profile:
+        print(step_profile.describe(profile))
     print(json.dumps(result))
 
 

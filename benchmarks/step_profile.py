@@ -1,0 +1,132 @@
+"""Where a compiled step's time goes: a `jax.profiler` trace read back op by op.
+
+`profile_steps(fn, args_per_step)` traces a few calls of a compiled function and
+`breakdown(trace_dir, hlo_text, steps)` reads the trace: every op the device ran (a kernel on
+an accelerator, an XLA thunk on the CPU), its time per step, and shares by part of the model.
+The parts are the `jax.named_scope`s the train step sets (lstm, token_encoder, softmax,
+sampler, dropout, optimizer), found in each op's HLO metadata; ops inside a while loop with
+matmuls are the LSTM time loops. Used by `benchmarks/throughput.py --profile`.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import tempfile
+from pathlib import Path
+
+import jax
+
+from critical_path import _CALLS, _MATMUL, _WHILE, computations
+
+PARTS = ("lstm", "token_encoder", "softmax", "sampler", "dropout", "optimizer")
+CONTAINERS = {"while", "call", "conditional", "async-start", "async-done", "async-update"}
+_DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][\w\-]*)\(")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def profile_steps(fn, args_per_step, trace_dir: str | None = None) -> str:
+    """Runs fn(*args) for each args in `args_per_step` under a profiler trace; returns the
+    folder the trace was written to."""
+    trace_dir = trace_dir or tempfile.mkdtemp(prefix="step_profile_")
+    jax.block_until_ready(fn(*args_per_step[0]))  # nothing left over from before the trace
+    with jax.profiler.trace(trace_dir):
+        for args in args_per_step:
+            out = fn(*args)
+        jax.block_until_ready(out)
+    return trace_dir
+
+
+def hlo_ops(hlo_text: str) -> dict[str, dict]:
+    """Every instruction of a compiled HLO module by name: opcode, the JAX op it came from
+    (op_name), its part of the model, and whether it runs inside a while loop with matmuls."""
+    comps = computations(hlo_text)
+    loop_bodies = {m.group(2) for line in hlo_text.splitlines() for m in [_WHILE.search(line)] if m}
+    inside = set()  # computations reachable from a loop body that holds a matmul
+    for body in loop_bodies:
+        reach, todo = set(), [body]
+        while todo:
+            name = todo.pop()
+            if name not in reach:
+                reach.add(name)
+                todo.extend(callee for line in comps.get(name, []) for callee in _CALLS.findall(line))
+        if any(_MATMUL.search(line) for name in reach for line in comps.get(name, [])):
+            inside |= reach
+    ops = {}
+    for comp, lines in comps.items():
+        for line in lines:
+            match = _DEFINITION.match(line)
+            if match:
+                op_name = _OP_NAME.search(line)
+                source = op_name.group(1) if op_name else ""
+                ops[match.group(1)] = {"opcode": match.group(2), "op_name": source, "part": part_of(source),
+                                       "in_recurrent_loop": comp in inside}
+    return ops
+
+
+def part_of(op_name: str) -> str:
+    """The named scope an op_name lies in (`jit(train_step)/transpose(jvp(lstm))/...`)."""
+    for part in PARTS:
+        if re.search(rf"(^|[/(]){part}([/)]|$)", op_name):
+            return part
+    return "other"
+
+
+def _events(trace_dir: str, module: str):
+    """(op name, seconds) of each op event of `module` in the trace: from the device planes
+    when there are any (their per-op line, else their stream lines), else from the host's
+    threads (CPU)."""
+    from jax.profiler import ProfileData
+
+    path = next(Path(trace_dir).rglob("*.xplane.pb"))
+    data = ProfileData.from_file(str(path))  # kept alive: its planes, lines and events point into it
+    planes = list(data.planes)
+    devices = [p for p in planes if p.name.startswith("/device:")]
+    found = []
+    for plane in devices or [p for p in planes if p.name.startswith("/host:CPU")]:
+        lines = list(plane.lines)
+        per_op = [line for line in lines if line.name == "XLA Ops"]
+        for line in per_op or lines:
+            for event in line.events:
+                stats = dict(event.stats)
+                name = stats.get("hlo_op") or (event.name if per_op else None)
+                if name and module in str(stats.get("hlo_module", module)):
+                    found.append((name, event.duration_ns / 1e9))
+    return found
+
+
+def breakdown(trace_dir: str, hlo_text: str, steps: int, module: str = "train_step", top: int = 15) -> dict:
+    """Device time per step, ops run per step, the top ops by time and each part's share."""
+    ops = hlo_ops(hlo_text)
+    per_op, counts = collections.Counter(), collections.Counter()
+    for name, seconds in _events(trace_dir, module):
+        info = ops.get(name)
+        if info is None or info["opcode"] in CONTAINERS:
+            continue  # a loop or call: its ops are counted themselves
+        per_op[name] += seconds / steps
+        counts[name] += 1
+    total = sum(per_op.values()) or float("nan")
+    parts = collections.Counter()
+    for name, seconds in per_op.items():
+        parts["lstm loops" if ops[name]["in_recurrent_loop"] else ops[name]["part"]] += seconds
+    return {
+        "op_seconds_per_step": total,
+        "ops_per_step": sum(counts.values()) / steps,
+        "recurrent_loop_ops_per_step": sum(n for name, n in counts.items() if ops[name]["in_recurrent_loop"]) / steps,
+        "parts": {part: seconds / total for part, seconds in parts.most_common()},
+        "top_ops": [{"op": name, "opcode": ops[name]["opcode"], "part": ops[name]["part"],
+                     "in_recurrent_loop": ops[name]["in_recurrent_loop"], "ms_per_step": 1e3 * seconds,
+                     "share": seconds / total, "calls_per_step": counts[name] / steps, "op_name": ops[name]["op_name"][-120:]}
+                    for name, seconds in per_op.most_common(top)],
+    }
+
+
+def describe(profile: dict) -> str:
+    """The breakdown as text lines."""
+    lines = [f"profile: {1e3 * profile['op_seconds_per_step']:.1f} ms of ops per step, {profile['ops_per_step']:.0f} ops "
+             f"per step ({profile['recurrent_loop_ops_per_step']:.0f} in the LSTM loops); by part: "
+             + ", ".join(f"{part} {100 * share:.1f}%" for part, share in profile["parts"].items())]
+    for op in profile["top_ops"]:
+        lines.append(f"  {op['ms_per_step']:8.3f} ms {100 * op['share']:5.1f}% x{op['calls_per_step']:<4.0f} "
+                     f"{op['op']} ({op['opcode']}, {'lstm loop' if op['in_recurrent_loop'] else op['part']}): {op['op_name']}")
+    return "\n".join(lines)
