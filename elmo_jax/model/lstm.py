@@ -138,7 +138,9 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
     keep_KDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)  # K = L - 1: layers >= 1
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-    widths = (P, P, P, 4 * W_proj.shape[2], W_proj.shape[2]) if residuals else (P,)
+    # Saved for the backward pass: each step's inputs, unclipped projection, gate activations and
+    # unclipped cell (the outputs follow from the first two); else only the outputs.
+    widths = (P, P, 4 * W_proj.shape[2], W_proj.shape[2]) if residuals else (P,)
     buffers = tuple(jnp.zeros_like(x_DBTP, shape=(L, D, B, S, n)) for n in widths)  # as varying as the inputs
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
 
@@ -156,12 +158,23 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
         h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj, st.dtype)
         h_new = _clip(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
-        out = jnp.where(m, jnp.where(skip_L, h_new + inputs, h_new), 0.0)
-        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, (out, inputs, h_raw, acts, c_raw)))
+        out = _layer_outputs(h_new, inputs, m, skip_L)
+        saved = (inputs, h_raw, acts, c_raw) if residuals else (out,)
+        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out, buffers
 
     h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, jnp.zeros_like(h_LDBP), buffers), unroll=st.unroll)
-    return (_unskew(buffers[0], T, axis=3), h, c), (mask_LBS, keep_KDBSP, *buffers[1:])
+    if residuals:
+        in_LDBSP, h_raw_LDBSP = buffers[:2]
+        out_LDBSP = _layer_outputs(_clip(h_raw_LDBSP, st.clips.proj), in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None])
+        return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, *buffers)
+    return (_unskew(buffers[0], T, axis=3), h, c), None
+
+
+def _layer_outputs(h_new, inputs, mask, skip_L):
+    """What a layer passes on: its projection, plus its input where it has a residual; 0 where
+    masked."""
+    return jnp.where(mask, jnp.where(skip_L, h_new + inputs, h_new), 0.0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
@@ -218,20 +231,20 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         if keep_KDBSP is not None:
             d_upper = apply_dropout(_at_slot(keep_KDBSP, s), d_upper, st.dropout)
         d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
-        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, (d_in, d_gates, d_h_raw)))
+        d_x_DBSP, d_gates_LDBSG, d_h_raw_LDBSP = buffers
+        buffers = (_put_slot(d_x_DBSP, s, d_in[0], axis=2), _put_slot(d_gates_LDBSG, s, d_gates), _put_slot(d_h_raw_LDBSP, s, d_h_raw))
         return d_h_prev, d_c_prev, d_above, buffers
 
-    buffers = (jnp.zeros_like(in_LDBSP), jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP))
+    buffers = (jnp.zeros_like(in_LDBSP[0]), jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP))
     carry = (d_h, d_c, jnp.zeros_like(d_h), buffers)
-    d_h0, d_c0, _, (d_in_LDBSP, d_gates_LDBSG, d_h_raw_LDBSP) = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
+    d_h0, d_c0, _, (d_x_DBSP, d_gates_LDBSG, d_h_raw_LDBSP) = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.
     h_prev_LDBSP = before(_clip(h_raw_LDBSP, st.clips.proj), h0, mask_LBS)
     a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3] * tanh_c_LDBSC
     d_W_0 = einsum("ldbsk,ldbsg->ldkg", jnp.concatenate([in_LDBSP, h_prev_LDBSP], axis=-1), d_gates_LDBSG, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
-    d_x = d_in_LDBSP[0, :, :, :T]
-    return d_W_0, d_gates_LDBSG.sum(axis=(2, 3)), d_W_proj, d_x, None, None, d_h0, d_c0
+    return d_W_0, d_gates_LDBSG.sum(axis=(2, 3)), d_W_proj, d_x_DBSP[:, :, :T], None, None, d_h0, d_c0
 
 
 _wavefront.defvjp(_wavefront_fwd, _wavefront_bwd)
