@@ -34,7 +34,8 @@ def main() -> None:
 
     from elmo_jax.config import TrainHParams, published
     from elmo_jax.text.batcher import round_up
-    from elmo_jax.train.parallel import DataParallel, communication_bytes
+    from elmo_jax.hlo import communication_bytes
+    from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import init_train_state, make_train_step
 
     config, parallel = published(args.config), DataParallel(args.devices)

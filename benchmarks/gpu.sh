@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
-# One prepared GPU run (about 8 minutes on one H200): train-step throughput of the published
-# sizes in float32 and bfloat16 and the embedding path (Embedder over 2,000 Zipfian sentences), one
-# process per measurement, each line of
-# results appended to $OUT/throughput.jsonl (or ./throughput.jsonl), and the LSTM loop's per-step
-# floor (benchmarks/recurrence.py) to $OUT/recurrence.txt. Runs from the repository
-# root with the machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
+# One prepared GPU run (under 8 minutes on one H200). Runs from the repository root with the
+# machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
+#   - train-step throughput of the original size in bfloat16 at 128 and 512 rows with a profile
+#     of 3 traced steps (top ops by device time, the shares of the LSTM loops, token encoder,
+#     softmax, sampler and optimizer, ops launched per step) and peak device memory; then
+#     the other sizes, float32, and the embedding path (Embedder over 2,000 Zipfian sentences);
+#     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
+#     full log kept in $OUT/logs/;
+#   - the compiled step's loops (benchmarks/critical_path.py) to $OUT/critical_path.txt;
+#   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
+#     (benchmarks/recurrence.py) to $OUT/recurrence.txt.
 set -u
-out="${OUT:-.}/throughput.jsonl"
+dir="${OUT:-.}"
+out="$dir/throughput.jsonl"
+mkdir -p "$dir/logs"
 export PYTHONPATH=.
 # Allocate on demand, so peak_bytes_in_use is what the step needs, not a preallocated pool.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+n=0
 run() {
-  timeout 150 python3 benchmarks/throughput.py --steps=15 "$@" 2>&1 | tee /tmp/bench.log | tail -2
-  tail -1 /tmp/bench.log | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "${OUT:-.}/failures.txt"
+  n=$((n + 1))
+  log="$dir/logs/$n.log"
+  echo "$*" > "$log"
+  timeout 150 python3 benchmarks/throughput.py --steps=15 "$@" >> "$log" 2>&1
+  grep -v '^{' "$log" | tail -3
+  tail -1 "$log" | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "$dir/failures.txt"
 }
-for dtype in bf16 f32; do
-  run --config=original --per-device-batch=128 --dtype=$dtype
-  run --config=original --per-device-batch=256 --dtype=$dtype
-  run --config=original --per-device-batch=512 --dtype=$dtype
-  run --config=medium --per-device-batch=256 --dtype=$dtype
-  run --config=small --per-device-batch=256 --dtype=$dtype
-  run --config=original --per-device-batch=256 --mode=embed --dtype=$dtype --steps=3
-done
-run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=2
-run --config=original --per-device-batch=256 --dtype=bf16 --scan-unroll=5
-# The latency floor of the LSTM time loop (recurrent matmul + tanh per step, f32).
-timeout 60 python3 benchmarks/recurrence.py --config=original --per-device-batch=256 2>&1 | tail -3 | tee -a "${OUT:-.}/recurrence.txt"
+run --config=original --per-device-batch=128 --dtype=bf16 --profile=3
+run --config=original --per-device-batch=512 --dtype=bf16 --profile=3
+run --config=original --per-device-batch=256 --dtype=bf16
+run --config=original --per-device-batch=128 --dtype=f32
+run --config=original --per-device-batch=512 --dtype=f32
+run --config=medium --per-device-batch=256 --dtype=bf16
+run --config=small --per-device-batch=256 --dtype=bf16
+run --config=original --per-device-batch=256 --mode=embed --dtype=bf16 --steps=3
+run --config=original --per-device-batch=128 --dtype=bf16 --scan-unroll=3
+timeout 120 python3 benchmarks/critical_path.py --config=original --per-device-batch=128 --dtype=bf16 2>&1 | tail -4 | tee "$dir/critical_path.txt"
+timeout 120 python3 benchmarks/recurrence.py --config=original --per-device-batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"

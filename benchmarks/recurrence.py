@@ -6,10 +6,9 @@ loop step.
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python benchmarks/recurrence.py
 
 First the real LSTM stacks (`lstm_stacks`, both directions, dropout between layers and the
-residual, as in training), forward and backward (the gradient of the top layer): as the model
-runs them, all layers in one wavefront loop of T + L - 1 steps, against the same layers run one
-after another (L loops of T steps, the schedule before the wavefront), each layer through the
-same code with one layer. Prints milliseconds per forward + backward and the ratio.
+residual, as in training), forward and backward (the gradient of the top layer), under both
+schedules (model/lstm.py): all layers in one wavefront loop of T + L - 1 steps, and a loop of T
+steps per layer. Prints milliseconds per forward + backward and the ratio.
 
 Then the floor of a loop step:
 
@@ -41,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from elmo_jax.config import ModelConfig  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
-from elmo_jax.model.lstm import LSTMState, apply_dropout, dropout_keep_masks, init_lstm, lstm_stacks  # noqa: E402
+from elmo_jax.model.lstm import LSTMState, dropout_keep_masks, init_lstm, lstm_stacks  # noqa: E402
 from ablation import timed  # noqa: E402
 from throughput import CONFIGS  # noqa: E402
 
@@ -67,38 +66,25 @@ def loop_step_seconds(directions: int, B: int, P: int, G: int, steps: int, devic
     return timed(jax.jit(loop), h, W, reps=reps) / steps
 
 
-def layer_after_layer(params, x_2BTP, mask_BT, state, config, keep_masks, dropout):
-    """`lstm_stacks` one layer at a time (L time loops of T steps): the same outputs."""
-    one = dataclasses.replace(config, lstm=dataclasses.replace(config.lstm, n_layers=1))
-    outputs, layer_in = [], x_2BTP
-    for layer in range(config.lstm.n_layers):
-        layer_in = apply_dropout(keep_masks[layer], layer_in, dropout)
-        state_l = LSTMState(state.h[:, layer:layer + 1], state.c[:, layer:layer + 1])
-        out = lstm_stacks({"layer_0": params[f"layer_{layer}"]}, layer_in, mask_BT, state_l, one)[0][0]
-        if config.lstm.use_skip_connections and layer > 0:
-            out = jnp.where(mask_BT[None, :, :, None], out + layer_in, 0.0)
-        outputs.append(out)
-        layer_in = out
-    return jnp.stack(outputs)
-
-
 def schedules_seconds(config: ModelConfig, B: int, T: int, dropout: float = 0.1) -> dict[str, float]:
-    """Median seconds of the gradient of the top layer's output, wavefront and layer after
-    layer; checks that both give the same gradient."""
+    """Median seconds of the gradient of the top layer's output under each LSTM schedule;
+    checks that they give the same gradient."""
     k_p, k_x, k_keep = jax.random.split(jax.random.key(0), 3)
     params = init_lstm(k_p, config)
     x = jax.random.normal(k_x, (2, B, T, config.lstm.projection_dim))
     mask = jnp.ones((B, T), bool)
     state = LSTMState.zeros(config, B)
     keep = dropout_keep_masks(k_keep, dropout, config.lstm.n_layers, x.shape)
-    wavefront = lambda p: lstm_stacks(p, x, mask, state, config, keep, dropout)[0]  # noqa: E731
-    one_by_one = lambda p: layer_after_layer(p, x, mask, state, config, keep, dropout)  # noqa: E731
-    grads = {name: jax.jit(jax.grad(lambda p, f=f: jnp.sum(f(p)[-1] ** 2))) for name, f in
-             (("wavefront", wavefront), ("layer_after_layer", one_by_one))}
+
+    def grad(schedule: str):
+        scheduled = dataclasses.replace(config, lstm_schedule=schedule)
+        return jax.jit(jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, mask, state, scheduled, keep, dropout)[0][-1] ** 2)))
+
+    grads = {schedule: grad(schedule) for schedule in ("wavefront", "layers")}
     pairs = zip(*(jax.tree.leaves(g(params)) for g in grads.values()))
     difference = max(float(jnp.abs(a - b).max() / jnp.abs(a).max()) for a, b in pairs)
     print(f"largest gradient difference between the schedules, relative to the largest gradient: {difference:.1e}")
-    return {name: timed(g, params) for name, g in grads.items()}
+    return {schedule: timed(g, params) for schedule, g in grads.items()}
 
 
 def main() -> None:
@@ -117,8 +103,8 @@ def main() -> None:
     seconds = schedules_seconds(config, B, args.unroll_steps)
     L, T = config.lstm.n_layers, args.unroll_steps
     print(f"{args.config} B={B}, T={T}, L={L}, forward + backward of the LSTM stacks: wavefront ({T + L - 1} steps) "
-          f"{1e3 * seconds['wavefront']:.2f} ms, layer after layer ({L} x {T} steps) {1e3 * seconds['layer_after_layer']:.2f} ms, "
-          f"ratio {seconds['layer_after_layer'] / seconds['wavefront']:.2f}x")
+          f"{1e3 * seconds['wavefront']:.2f} ms, a loop per layer ({L} x {T} steps) {1e3 * seconds['layers']:.2f} ms, "
+          f"wavefront {seconds['layers'] / seconds['wavefront']:.2f}x as fast")
     result.update({f"ms_{name}": 1e3 * value for name, value in seconds.items()})
     cases = [(2, 1), (1, 1)] + ([(2, 2)] if jax.device_count() >= 2 else [])
     for directions, devices in cases:

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import jax
 
-from critical_path import _CALLS, _MATMUL, _WHILE, computations
+from elmo_jax.hlo import computations, instructions, loops
 
 PARTS = ("lstm", "token_encoder", "softmax", "sampler", "dropout", "optimizer")
 CONTAINERS = {"while", "call", "conditional", "async-start", "async-done", "async-update"}
-_DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][\w\-]*)\(")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 def profile_steps(fn, args_per_step, trace_dir: str | None = None) -> str:
@@ -40,28 +38,9 @@ def profile_steps(fn, args_per_step, trace_dir: str | None = None) -> str:
 def hlo_ops(hlo_text: str) -> dict[str, dict]:
     """Every instruction of a compiled HLO module by name: opcode, the JAX op it came from
     (op_name), its part of the model, and whether it runs inside a while loop with matmuls."""
-    comps = computations(hlo_text)
-    loop_bodies = {m.group(2) for line in hlo_text.splitlines() for m in [_WHILE.search(line)] if m}
-    inside = set()  # computations reachable from a loop body that holds a matmul
-    for body in loop_bodies:
-        reach, todo = set(), [body]
-        while todo:
-            name = todo.pop()
-            if name not in reach:
-                reach.add(name)
-                todo.extend(callee for line in comps.get(name, []) for callee in _CALLS.findall(line))
-        if any(_MATMUL.search(line) for name in reach for line in comps.get(name, [])):
-            inside |= reach
-    ops = {}
-    for comp, lines in comps.items():
-        for line in lines:
-            match = _DEFINITION.match(line)
-            if match:
-                op_name = _OP_NAME.search(line)
-                source = op_name.group(1) if op_name else ""
-                ops[match.group(1)] = {"opcode": match.group(2), "op_name": source, "part": part_of(source),
-                                       "in_recurrent_loop": comp in inside}
-    return ops
+    inside = {name for loop in loops(hlo_text) if loop["matmul"] for name in loop["computations"]}
+    return {name: {"opcode": opcode, "op_name": source, "part": part_of(source), "in_recurrent_loop": comp in inside}
+            for comp, lines in computations(hlo_text).items() for name, opcode, source in instructions(lines)}
 
 
 def part_of(op_name: str) -> str:

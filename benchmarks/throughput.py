@@ -41,9 +41,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
 import step_profile  # noqa: E402  (benchmarks/step_profile.py)
 from zipf_text import zipf_sentences  # noqa: E402  (benchmarks/zipf_text.py)
-from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
+from elmo_jax.config import LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.bilm import init_params  # noqa: E402
+from elmo_jax.model.lstm import schedule  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
@@ -173,6 +174,7 @@ def main() -> None:
                         help="train: also trace this many steps with jax.profiler and print where their time goes")
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
+    parser.add_argument("--lstm-schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each")
     parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
     parser.add_argument("--release-freed-memory", action="store_true", help="leave JAX's CPU dispatch and glibc malloc as they are (launch.py keeps freed memory)")
     args = parser.parse_args()
@@ -181,7 +183,7 @@ def main() -> None:
 
     options, vocab_size, negatives, default_batch = CONFIGS[args.config]
     B, T = args.per_device_batch or default_batch, args.unroll_steps
-    config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype])
+    config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule)
     device = jax.devices()[0]
     if args.mode == "embed":
         return embed_throughput(args, config, B, device)
@@ -230,6 +232,7 @@ def main() -> None:
         "mode": args.mode,
         "dtype": args.dtype,
         "scan_unroll": args.scan_unroll,
+        "lstm_schedule": schedule(config),
         "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,
@@ -245,7 +248,7 @@ def main() -> None:
         "profile": profile,
     }
     print(
-        f"{args.config} {args.mode} {args.dtype} B={B} on {device.device_kind}: {tokens_per_sec:,.0f} tokens/s, "
+        f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} on {device.device_kind}: {tokens_per_sec:,.0f} tokens/s, "
         f"step {1000 * step_s:.1f} ms (min {1000 * min(times):.1f}, max {1000 * max(times):.1f}), "
         f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
         f"MFU {100 * achieved / peak:.1f}% of a measured {peak / 1e12:.1f} TFLOP/s matmul"

@@ -18,6 +18,10 @@ from elmo_jax.errors import MissingFile, UserError
 
 ACTIVATIONS = ("relu", "tanh")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# How the LSTM layers share the time loop (model/lstm.py): "wavefront" (all layers in one loop),
+# "layers" (one loop per layer), "auto" (layers on CPU, where it was measured faster for the
+# published sizes, wavefront on accelerators).
+LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
 # slots (docs/MODEL.md section 2). bilm-tf's training files say 261 (the same rows without row 0).
 N_CHARACTERS = 262
@@ -59,12 +63,14 @@ class CharCNNConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The model's options, plus the dtype its matmuls run in (not part of options.json: params,
-    cell state, clipping and log-sum-exps are float32 either way)."""
+    """The model's options, plus how it computes (not part of options.json): the dtype its
+    matmuls run in (params, cell state, clipping and log-sum-exps are float32 either way) and
+    the LSTM layers' schedule (LSTM_SCHEDULES; the same numbers either way)."""
 
     lstm: LSTMConfig
     char_cnn: CharCNNConfig
     compute_dtype: str = "float32"
+    lstm_schedule: str = "auto"
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
@@ -106,6 +112,8 @@ class ModelConfig:
                 )
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise UserError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
+        if self.lstm_schedule not in LSTM_SCHEDULES:
+            raise UserError(f"{source}: lstm_schedule {self.lstm_schedule!r} is not one of {LSTM_SCHEDULES}")
         if self.char_cnn.n_characters != N_CHARACTERS:
             raise UserError(
                 f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}"

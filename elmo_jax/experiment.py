@@ -12,7 +12,7 @@ import math
 
 import ml_collections
 
-from elmo_jax.config import COMPUTE_DTYPES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams
+from elmo_jax.config import COMPUTE_DTYPES, LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams
 from elmo_jax.errors import UserError
 
 
@@ -25,6 +25,7 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.train.per_device_batch_size = 128  # rows per step per device; the global batch is this x devices
     config.train.devices = 0  # devices in the data-parallel mesh; 0 = all (of all processes)
     config.train.compute_dtype = "float32"  # or "bfloat16": matmul operands; params and cell state stay float32
+    config.train.lstm_schedule = "auto"  # "wavefront" (all layers in one time loop), "layers" (a loop each); auto: layers on CPU
     config.train.shard_softmax = False  # shard the softmax table by rows over the devices (huge vocabularies)
     config.train.unroll_steps = 20  # window T
     config.train.sample_softmax = True  # False: train with the full softmax over the whole vocabulary
@@ -87,6 +88,7 @@ SETTINGS = {
     "train.per_device_batch_size": _count(1),
     "train.devices": _count(0),
     "train.compute_dtype": (lambda v: v in COMPUTE_DTYPES, f"one of {COMPUTE_DTYPES}"),
+    "train.lstm_schedule": (lambda v: v in LSTM_SCHEDULES, f"one of {LSTM_SCHEDULES}"),
     "train.shard_softmax": _BOOL,
     "train.unroll_steps": _count(1),
     "train.sample_softmax": _BOOL,
@@ -126,7 +128,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
-    model = dataclasses.replace(model, compute_dtype=config.train.compute_dtype)
+    model = dataclasses.replace(model, compute_dtype=config.train.compute_dtype, lstm_schedule=config.train.lstm_schedule)
     model.validate("config.train")
     return model
 

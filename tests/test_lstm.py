@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,11 +72,14 @@ def random_case(n_layers, skip, seed=1):
     return config, params, f32(2, B, T, P), mask, state, keep
 
 
+@pytest.mark.parametrize("schedule", ["wavefront", "layers"])
 @pytest.mark.parametrize("n_layers, skip", [(1, False), (2, True), (3, True), (3, False)])
-def test_stacks_match_numpy_layer_after_layer(n_layers, skip):
-    """The wavefront (all layers in one loop) equals the float64 reference run layer after
-    layer, with both clips firing, masked steps, a carried state, dropout and the residual."""
+def test_stacks_match_numpy_layer_after_layer(n_layers, skip, schedule):
+    """Both schedules (all layers in one loop, one loop per layer) equal the float64 reference
+    run layer after layer, with both clips firing, masked steps, a carried state, dropout and
+    the residual."""
     config, params, x, mask, state, keep = random_case(n_layers, skip)
+    config = dataclasses.replace(config, lstm_schedule=schedule)
     for keep_masks in (None, keep):
         want_out, want_h, want_c = numpy_stacks(params, x, mask, state.h, state.c, config, keep_masks)
         assert np.isclose(np.abs(want_c).max(), config.lstm.cell_clip)
@@ -116,3 +121,22 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
         assert np.abs(w).max() > 0.1, name
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
 
+
+
+def test_both_schedules_give_the_same_gradients():
+    """The gradient of every layer's outputs and the final state with respect to the params,
+    the inputs and the initial state: the wavefront against one loop per layer."""
+    config, params, x, mask, state, keep = random_case(3, True, seed=4)
+    rng = np.random.default_rng(5)
+    weights = rng.normal(size=(3, 2) + x.shape[1:]), rng.normal(size=state.h.shape), rng.normal(size=state.c.shape)
+
+    def grads(schedule):
+        def loss(params, x, state):
+            out, new = lstm_stacks(params, x, mask, state, dataclasses.replace(config, lstm_schedule=schedule), keep, RATE)
+            return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
+
+        return jax.tree.leaves(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params, x, state))
+
+    for got, want in zip(grads("wavefront"), grads("layers")):
+        assert np.abs(want).max() > 0.1
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -11,7 +11,8 @@ from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.text.batcher import StreamBatcher, all_sentences, round_up
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
-from elmo_jax.train.parallel import DataParallel, collectives_in_loops, communication_bytes
+from elmo_jax.hlo import collectives_in_loops, communication_bytes, recurrence
+from elmo_jax.train.parallel import DataParallel
 from elmo_jax.train.step import init_train_state, make_train_step
 from tiny_models import tiny_options
 
@@ -81,6 +82,15 @@ def test_communication_does_not_grow_with_the_vocabulary(shard_softmax):
     assert collectives_in_loops(large_hlo) == []
     # Far less than one dense gradient of the table.
     assert sum(large.values()) < 16_000 * CONFIG.lstm.projection_dim * 4 / 4
+
+
+def test_the_lstm_layers_run_as_one_wavefront_forward_and_backward():
+    """The compiled step's only loops with matmuls are the wavefront's, forward and backward:
+    T + L - 1 dependent iterations each, not one loop of T per layer."""
+    assert CONFIG.lstm.n_layers >= 2
+    found = recurrence(compiled_step(1_000, False, unroll=5))
+    assert [loop["trip_count"] for loop in found["loops"] if loop["matmul"]] == [5 + CONFIG.lstm.n_layers - 1] * 2
+    assert found["dependent_loop_iterations"] == 2 * (5 + CONFIG.lstm.n_layers - 1)
 
 
 def test_bf16_step_is_close_to_float32_and_keeps_float32_state(data):

@@ -33,6 +33,7 @@ from test_training_run import tiny_config
         ("train.all_clip_norm_val", float("nan"), "a finite number in (0"),
         ("train.n_epochs", 0.0, "a finite number in (0"),
         ("train.per_device_batch_size", 0, "an integer >= 1"),
+        ("train.lstm_schedule", "diagonal", "one of ('auto'"),
         ("data.min_count", 0, "an integer >= 1"),
         ("data.train", "", "a source"),
     ],

@@ -5,11 +5,18 @@ Layer params hold both directions stacked on axis 0 (0 forward, 1 backward), in 
 layout: `W_0` (2, 2P, 4C) with rows [input; h_prev] and gate blocks i, j, f, o; `B` (2, 4C)
 without the +1 forget bias; `W_P_0` (2, C, P).
 
-The layers run as a wavefront: layer l at time t needs only layer l - 1 at time t, so loop
-step s runs layer l at time s - l for every l at once, and a train step's forward and backward
-passes are T + L - 1 dependent steps each instead of L x T. Each step is two batched matmuls
-over (layer, direction): [input; h] @ W_0 and the projection. The gradient is written by hand
-(`_wavefront`) and runs the same diagonal backwards.
+Two schedules of the layers, the same numbers (`ModelConfig.lstm_schedule`):
+
+- wavefront: layer l at time t needs only layer l - 1 at time t, so loop step s runs layer l at
+  time s - l for every l at once, and a train step's forward and backward passes are T + L - 1
+  dependent steps each instead of L x T: fewer, wider steps where each step's latency bounds
+  the loop (accelerators). Layers >= 1 then read their input weights inside the loop.
+- layers: one loop of T steps per layer, whose input half of the gate matmul runs for all T
+  steps in one matmul before the loop: each step reads only the recurrent weights, the faster
+  schedule where reading weights bounds the loop (this CPU at the published sizes).
+
+Both run `_wavefront` (a single layer is a wavefront of one); its gradient is written by hand
+and runs the same diagonal backwards.
 """
 
 from __future__ import annotations
@@ -130,27 +137,37 @@ def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Arra
 def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, residuals: bool):
     """-> (outputs (L, D, B, T, P), final h (L, D, B, P), final c (L, D, B, C)) and what the
     backward pass reads. Loop step s runs layer l at time s - l for every l (a slot outside
-    0..T-1 is masked, so it changes nothing), as one batched matmul over layers and directions;
-    layer l + 1 reads what layer l wrote one step earlier."""
+    0..T-1 is masked, so it changes nothing), batched over layers and directions; layer l + 1
+    reads what layer l wrote one step earlier. With several layers each step is one batched
+    matmul [input; h] @ W_0; one layer (L = 1) runs its input half for all T steps in one matmul
+    before the loop, so that each step reads only the recurrent weights."""
     L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
     S = T + L - 1
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
+    if L == 1:
+        gates_x_1DBSG = (einsum("dbsp,dpg->dbsg", x_DBSP, W_0[0, :, :P], st.dtype) + b[0, :, None, None])[None]
+        W_h = W_0[:, :, P:]  # sliced outside the loop: XLA would slice at every step
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
     keep_KDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)  # K = L - 1: layers >= 1
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-    # Saved for the backward pass: each step's inputs, unclipped projection, gate activations and
-    # unclipped cell (the outputs follow from the first two); else only the outputs.
-    widths = (P, P, 4 * W_proj.shape[2], W_proj.shape[2]) if residuals else (P,)
+    # Saved for the backward pass: each step's unclipped projection, gate activations, unclipped
+    # cell and (when layers feed layers) inputs; the outputs follow after the loop. Else only
+    # the outputs.
+    widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
     buffers = tuple(jnp.zeros_like(x_DBTP, shape=(L, D, B, S, n)) for n in widths)  # as varying as the inputs
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
 
     def step(s, carry):
-        h, c, out, buffers = carry
-        upper = out[:-1]  # layer l >= 1 reads layer l - 1's output of the last step
-        if keep_KDBSP is not None:
-            upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
-        inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
-        z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_0, st.dtype) + b[:, :, None]
+        h, c, out, buffers = carry  # out: each layer's output of the last step (None for one layer)
+        if L == 1:
+            inputs = _at_slot(x_DBSP, s, axis=2)[None]
+            z = _at_slot(gates_x_1DBSG, s) + einsum("ldbp,ldpg->ldbg", h, W_h, st.dtype)
+        else:
+            upper = out[:-1]  # layer l >= 1 reads layer l - 1's output of the last step
+            if keep_KDBSP is not None:
+                upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
+            inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
+            z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_0, st.dtype) + b[:, :, None]
         acts = scale * jnp.tanh(slope * z + offset) + shift
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         c_raw = sf * c + si * tj
@@ -159,15 +176,16 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
         h_new = _clip(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
-        saved = (inputs, h_raw, acts, c_raw) if residuals else (out,)
+        saved = (h_raw, acts, c_raw, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
         buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
-        return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out, buffers
+        return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out if L > 1 else None, buffers
 
-    h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, jnp.zeros_like(h_LDBP), buffers), unroll=st.unroll)
+    out = jnp.zeros_like(h_LDBP) if L > 1 else None
+    h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, out, buffers), unroll=st.unroll)
     if residuals:
-        in_LDBSP, h_raw_LDBSP = buffers[:2]
+        h_raw_LDBSP, in_LDBSP = buffers[0], buffers[3] if L > 1 else x_DBSP[None]
         out_LDBSP = _layer_outputs(_clip(h_raw_LDBSP, st.clips.proj), in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None])
-        return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, *buffers)
+        return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
     return (_unskew(buffers[0], T, axis=3), h, c), None
 
 
@@ -202,6 +220,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     T = S - L + 1
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
     W_0_t, W_proj_t = jnp.swapaxes(W_0, 2, 3), jnp.swapaxes(W_proj, 2, 3)
+    W_h_t = W_0_t[:, :, :, P:]
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
     c_new_LDBSC = _clip(c_raw_LDBSC, st.clips.cell)
@@ -211,11 +230,11 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
 
     def step(i, carry):
         s = S - 1 - i
-        d_h, d_c, d_above, buffers = carry  # d_above[l]: layer l's output gradient from layer l + 1
+        d_h, d_c, d_above, buffers = carry  # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer)
         acts, c_raw, h_raw = _at_slot(acts_LDBSG, s), _at_slot(c_raw_LDBSC, s), _at_slot(h_raw_LDBSP, s)
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-        d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) + d_above, 0.0)
+        d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
         d_h_raw = _clip_grad(d_out + jnp.where(m, d_h, 0.0), h_raw, st.clips.proj)
         tc = _at_slot(tanh_c_LDBSC, s)
         d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_t, st.dtype)
@@ -223,27 +242,34 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at_slot(c_prev_LDBSC, s), d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
         d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
-        d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_0_t, st.dtype)
-        d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
-        d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
         d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
-        d_upper = d_in[1:]
-        if keep_KDBSP is not None:
-            d_upper = apply_dropout(_at_slot(keep_KDBSP, s), d_upper, st.dropout)
-        d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
-        d_x_DBSP, d_gates_LDBSG, d_h_raw_LDBSP = buffers
-        buffers = (_put_slot(d_x_DBSP, s, d_in[0], axis=2), _put_slot(d_gates_LDBSG, s, d_gates), _put_slot(d_h_raw_LDBSP, s, d_h_raw))
+        saved = (d_gates, d_h_raw)
+        if L == 1:  # the input gradient is one matmul after the loop
+            d_h_prev = einsum("ldbg,ldgp->ldbp", d_gates, W_h_t, st.dtype) + jnp.where(m, 0.0, d_h)
+        else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
+            d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_0_t, st.dtype)
+            d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
+            d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
+            d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
+            d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
+            saved += (d_in[:1],)
+        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         return d_h_prev, d_c_prev, d_above, buffers
 
-    buffers = (jnp.zeros_like(in_LDBSP[0]), jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP))
-    carry = (d_h, d_c, jnp.zeros_like(d_h), buffers)
-    d_h0, d_c0, _, (d_x_DBSP, d_gates_LDBSG, d_h_raw_LDBSP) = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
+    buffers = (jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP)) + ((jnp.zeros_like(in_LDBSP[:1]),) if L > 1 else ())
+    carry = (d_h, d_c, jnp.zeros_like(d_h) if L > 1 else None, buffers)
+    d_h0, d_c0, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
+    d_gates_LDBSG, d_h_raw_LDBSP = buffers[:2]
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.
     h_prev_LDBSP = before(_clip(h_raw_LDBSP, st.clips.proj), h0, mask_LBS)
     a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3] * tanh_c_LDBSC
     d_W_0 = einsum("ldbsk,ldbsg->ldkg", jnp.concatenate([in_LDBSP, h_prev_LDBSP], axis=-1), d_gates_LDBSG, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
+    if L == 1:
+        d_x_DBSP = einsum("dbsg,dgp->dbsp", d_gates_LDBSG[0], W_0_t[0, :, :, :P], st.dtype)
+    else:
+        d_x_DBSP = buffers[2][0]
     return d_W_0, d_gates_LDBSG.sum(axis=(2, 3)), d_W_proj, d_x_DBSP[:, :, :T], None, None, d_h0, d_c0
 
 
@@ -266,17 +292,37 @@ def lstm_stacks(
     keep_masks[l] is False and scaled by 1 / (1 - dropout) elsewhere, as bilm-tf's
     DropoutWrapper does, and the residual (layers >= 1 with skip connections) adds the
     dropped-out input. Outputs are 0 where mask is False, and masked positions leave the state
-    unchanged. Matmuls run in `config.compute_dtype`; `unroll` unrolls the time loop.
+    unchanged. Matmuls run in `config.compute_dtype`; `unroll` unrolls the time loop; the layers
+    run as `schedule(config)` says, to the same numbers.
     """
     cfg = config.lstm
-    L = cfg.n_layers
-    stacked = {name: jnp.stack([params[f"layer_{layer}"][name] for layer in range(L)]) for name in ("W_0", "B", "W_P_0")}
-    x = x_2BTP if keep_masks is None else apply_dropout(keep_masks[0], x_2BTP, dropout)
-    keep = None if keep_masks is None or L == 1 else keep_masks[1:L]
-    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
-    h0, c0 = jnp.swapaxes(state.h, 0, 1), jnp.swapaxes(state.c, 0, 1)
-    outputs, h, c = _wavefront(stacked["W_0"], stacked["B"], stacked["W_P_0"], x, mask_BT, keep, h0, c0, st)
-    return outputs, LSTMState(jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1))
+    clips = _Clips(cfg.cell_clip, cfg.proj_clip)
+    groups = [range(cfg.n_layers)] if schedule(config) == "wavefront" else [range(layer, layer + 1) for layer in range(cfg.n_layers)]
+    outputs, hs, cs, layer_in = [], [], [], x_2BTP
+    for layers in groups:  # one time loop each
+        first, L = layers[0], len(layers)
+        stacked = [jnp.stack([params[f"layer_{layer}"][name] for layer in layers]) for name in ("W_0", "B", "W_P_0")]
+        if keep_masks is not None:
+            layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
+        keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
+        st = _Stack(clips, cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
+        h0, c0 = jnp.swapaxes(state.h[:, first : first + L], 0, 1), jnp.swapaxes(state.c[:, first : first + L], 0, 1)
+        out, h, c = _wavefront(*stacked, layer_in, mask_BT, keep, h0, c0, st)
+        if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
+            out = out.at[0].set(jnp.where(mask_BT[None, :, :, None], out[0] + layer_in, 0.0))
+        outputs.append(out)
+        hs.append(h)
+        cs.append(c)
+        layer_in = out[-1]
+    return jnp.concatenate(outputs), LSTMState(jnp.swapaxes(jnp.concatenate(hs), 0, 1), jnp.swapaxes(jnp.concatenate(cs), 0, 1))
+
+
+def schedule(config: ModelConfig) -> str:
+    """"wavefront" or "layers": config.lstm_schedule, with "auto" resolved for the default
+    backend (layers on CPU, where weight traffic bounds the loops of the published sizes)."""
+    if config.lstm_schedule != "auto":
+        return config.lstm_schedule
+    return "layers" if jax.default_backend() == "cpu" else "wavefront"
 
 
 def dropout_keep_masks(rng: jax.Array, rate: float, n: int, shape: tuple[int, ...]) -> jax.Array:

@@ -12,7 +12,6 @@ gradient over the devices once per step.
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import numpy as np
@@ -141,43 +140,3 @@ class DataParallel:
 def data_parallel(devices: int = 0) -> DataParallel:
     """One DataParallel per device count, so jitted functions keyed on it are reused."""
     return DataParallel(devices)
-
-
-_COLLECTIVE = re.compile(
-    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
-)
-_ARRAY = re.compile(r"(pred|[suf]\d+|bf16)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "bf16": 2}
-
-
-def communication_bytes(hlo_text: str) -> dict[str, int]:
-    """Bytes that a compiled program's collectives produce, per collective kind, read from its
-    HLO text (`jit(f).lower(...).compile().as_text()`): the result size of every all-reduce,
-    all-gather, reduce-scatter, all-to-all and collective-permute (async pairs counted once).
-    Each op counts once: see `collectives_in_loops` for ops that run once per loop iteration."""
-    totals: dict[str, int] = {}
-    for match in _COLLECTIVE.finditer(hlo_text):
-        size = 0
-        for dtype, dims in _ARRAY.findall(match["shape"]):
-            itemsize = _BYTES.get(dtype) or int(dtype[1:]) // 8
-            size += itemsize * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-        totals[match["op"]] = totals.get(match["op"], 0) + size
-    return totals
-
-
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
-_WHILE_BODY = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
-
-
-def collectives_in_loops(hlo_text: str) -> list[str]:
-    """The collectives of a compiled program that sit in a while loop's body (a scan), where
-    they run at every iteration."""
-    bodies = set(_WHILE_BODY.findall(hlo_text))
-    found, current = [], None
-    for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
-            current = header.group(1)
-        elif current in bodies and _COLLECTIVE.search(line):
-            found.append(line.strip()[:200])
-    return found
