@@ -3,11 +3,12 @@
 # machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
 #   - train-step throughput of the original size in bfloat16 at 128 and 512 rows with a profile
 #     of 3 traced steps (top ops by device time, the shares of the LSTM loops, token encoder,
-#     softmax, sampler and optimizer, ops launched per step) and peak device memory; then
-#     the other sizes, float32, and the embedding path (Embedder over 2,000 Zipfian sentences);
+#     softmax, sampler and optimizer, ops launched per step) and peak device memory, at 128 rows
+#     under both LSTM schedules (wavefront, the accelerators' default, and a loop per layer);
+#     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs/;
-#   - the compiled step's loops (benchmarks/critical_path.py) to $OUT/critical_path.txt;
+#   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
 #   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
 #     (benchmarks/recurrence.py) to $OUT/recurrence.txt.
 set -u
@@ -25,10 +26,11 @@ run() {
   log="$dir/logs/$n.log"
   echo "$*" > "$log"
   timeout 150 python3 benchmarks/throughput.py --steps=15 "$@" >> "$log" 2>&1
-  grep -v '^{' "$log" | tail -3
+  grep -E 'tokens/s|^profile|Error' "$log"
   tail -1 "$log" | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "$dir/failures.txt"
 }
 run --config=original --per-device-batch=128 --dtype=bf16 --profile=3
+run --config=original --per-device-batch=128 --dtype=bf16 --profile=3 --lstm-schedule=layers
 run --config=original --per-device-batch=512 --dtype=bf16 --profile=3
 run --config=original --per-device-batch=256 --dtype=bf16
 run --config=original --per-device-batch=128 --dtype=f32
@@ -36,6 +38,8 @@ run --config=original --per-device-batch=512 --dtype=f32
 run --config=medium --per-device-batch=256 --dtype=bf16
 run --config=small --per-device-batch=256 --dtype=bf16
 run --config=original --per-device-batch=256 --mode=embed --dtype=bf16 --steps=3
-run --config=original --per-device-batch=128 --dtype=bf16 --scan-unroll=3
-timeout 120 python3 benchmarks/critical_path.py --config=original --per-device-batch=128 --dtype=bf16 2>&1 | tail -4 | tee "$dir/critical_path.txt"
+for schedule in wavefront layers; do
+  timeout 120 python3 benchmarks/critical_path.py --config=original --per-device-batch=128 --dtype=bf16 \
+    --lstm-schedule=$schedule 2>&1 | grep -v '^{' | tail -6 | tee -a "$dir/critical_path.txt"
+done
 timeout 120 python3 benchmarks/recurrence.py --config=original --per-device-batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"

@@ -1,6 +1,7 @@
 """Train-step or embedding throughput of a named config on one device.
 
     python benchmarks/throughput.py --config=original --per-device-batch=128 [--dtype=bf16|f32] [--mode=train|embed]
+        [--lstm-schedule=auto|wavefront|layers] [--profile=STEPS]
 
 `--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a
 published size or `cpu_peer`, feeds it batches from the real batcher over a synthetic Zipfian
@@ -8,7 +9,9 @@ corpus with the config's vocabulary size, warms up, then times steps. Prints tok
 (median and spread), compile time, analytic FLOPs per token (every position through the whole
 network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak measured on the
 same device in the same run, and peak device memory. A token is one corpus position, processed
-by both directions.
+by both directions. `--profile=N` then traces N more steps with `jax.profiler` and prints where
+their time goes (benchmarks/step_profile.py): the top ops, the ops run per step and the shares of
+the LSTM loops, token encoder, softmax, sampler, dropout and optimizer.
 
 `--mode=embed` runs the embedding path of `launch.py embed` (`Embedder`: each distinct word
 encoded once, batches of --per-device-batch sentences) over --sentences Zipfian sentences

@@ -84,13 +84,17 @@ def test_communication_does_not_grow_with_the_vocabulary(shard_softmax):
     assert sum(large.values()) < 16_000 * CONFIG.lstm.projection_dim * 4 / 4
 
 
-def test_the_lstm_layers_run_as_one_wavefront_forward_and_backward():
-    """The compiled step's only loops with matmuls are the wavefront's, forward and backward:
-    T + L - 1 dependent iterations each, not one loop of T per layer."""
-    assert CONFIG.lstm.n_layers >= 2
-    found = recurrence(compiled_step(1_000, False, unroll=5))
-    assert [loop["trip_count"] for loop in found["loops"] if loop["matmul"]] == [5 + CONFIG.lstm.n_layers - 1] * 2
-    assert found["dependent_loop_iterations"] == 2 * (5 + CONFIG.lstm.n_layers - 1)
+@pytest.mark.parametrize("schedule", ["wavefront", "layers"])
+def test_the_lstm_schedules_compile_to_their_loops(schedule):
+    """The compiled step's only loops with matmuls are the LSTMs', forward and backward: with the
+    wavefront one loop of T + L - 1 dependent iterations each way, with a loop per layer L loops
+    of T each way."""
+    L, T = CONFIG.lstm.n_layers, 5
+    assert L >= 2
+    found = recurrence(compiled_step(1_000, False, dataclasses.replace(CONFIG, lstm_schedule=schedule), unroll=T))
+    want = [T + L - 1] * 2 if schedule == "wavefront" else [T] * 2 * L
+    assert [loop["trip_count"] for loop in found["loops"] if loop["matmul"]] == want
+    assert found["dependent_loop_iterations"] == sum(want)
 
 
 def test_bf16_step_is_close_to_float32_and_keeps_float32_state(data):
