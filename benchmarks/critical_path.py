@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from elmo_jax.config import LSTM_SCHEDULES, ModelConfig, TrainHParams  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,12 +37,11 @@ def main() -> None:
     parser.add_argument("--per-device-batch", type=int, default=128)
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--unroll-steps", type=int, default=20)
-    parser.add_argument("--lstm-schedule", default="auto", choices=["auto", "wavefront", "layers"])
+    parser.add_argument("--lstm-schedule", default="auto", choices=LSTM_SCHEDULES)
     args = parser.parse_args()
 
     import jax
 
-    from elmo_jax.config import ModelConfig, TrainHParams
     from elmo_jax.hlo import recurrence
     from elmo_jax.model.lstm import schedule
     from elmo_jax.text.batcher import round_up

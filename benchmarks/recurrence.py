@@ -96,10 +96,10 @@ def main() -> None:
     args = parser.parse_args()
     keep_freed_memory()
     options, _, _, default_batch = CONFIGS[args.config]
-    lstm = ModelConfig.from_options(options).lstm
+    config = ModelConfig.from_options(options)
+    lstm = config.lstm
     B, P, G = args.per_device_batch or default_batch, lstm.projection_dim, 4 * lstm.dim
     result = {"config": args.config, "device": jax.devices()[0].device_kind, "cpu_affinity": len(os.sched_getaffinity(0)), "per_device_batch": B}
-    config = ModelConfig.from_options(options)
     seconds = schedules_seconds(config, B, args.unroll_steps)
     L, T = config.lstm.n_layers, args.unroll_steps
     print(f"{args.config} B={B}, T={T}, L={L}, forward + backward of the LSTM stacks: wavefront ({T + L - 1} steps) "

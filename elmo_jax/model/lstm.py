@@ -296,7 +296,7 @@ def lstm_stacks(
     run as `schedule(config)` says, to the same numbers.
     """
     cfg = config.lstm
-    clips = _Clips(cfg.cell_clip, cfg.proj_clip)
+    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
     groups = [range(cfg.n_layers)] if schedule(config) == "wavefront" else [range(layer, layer + 1) for layer in range(cfg.n_layers)]
     outputs, hs, cs, layer_in = [], [], [], x_2BTP
     for layers in groups:  # one time loop each
@@ -305,7 +305,6 @@ def lstm_stacks(
         if keep_masks is not None:
             layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
         keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
-        st = _Stack(clips, cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
         h0, c0 = jnp.swapaxes(state.h[:, first : first + L], 0, 1), jnp.swapaxes(state.c[:, first : first + L], 0, 1)
         out, h, c = _wavefront(*stacked, layer_in, mask_BT, keep, h0, c0, st)
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
