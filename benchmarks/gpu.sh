@@ -40,6 +40,6 @@ run --config=small --per-device-batch=256 --dtype=bf16
 run --config=original --per-device-batch=256 --mode=embed --dtype=bf16 --steps=3
 for schedule in wavefront layers; do
   timeout 120 python3 benchmarks/critical_path.py --config=original --per-device-batch=128 --dtype=bf16 \
-    --lstm-schedule=$schedule 2>&1 | grep -v '^{' | tail -6 | tee -a "$dir/critical_path.txt"
+    --lstm-schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
 done
 timeout 120 python3 benchmarks/recurrence.py --config=original --per-device-batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"
