@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) workdirs .jax_cache
