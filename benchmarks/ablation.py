@@ -68,14 +68,31 @@ def main() -> None:
         return jax.grad(lambda p: jnp.sum(encode_tokens(p, chars, config)))(p)
 
     def lstms(p, x):
-        return jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, batch["mask"], LSTMState.zeros(config, B), config)[0][-1]))(p)
+        return jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, batch["mask"], LSTMState.zeros(config, B), config)[0][-1]))(
+            p
+        )
 
     candidates = jnp.arange(S)
     log_q = jnp.zeros(S)
 
     def softmax(W, b, h):
         def loss(W, h):
-            return sum(jnp.sum(sampled_softmax_ce(h[d], batch["targets"][d].reshape(-1), W, b, candidates, log_q, jnp.zeros(B * T), config.compute_dtype)) for d in range(2))
+            return sum(
+                jnp.sum(
+                    sampled_softmax_ce(
+                        h[d],
+                        batch["targets"][d].reshape(-1),
+                        W,
+                        b,
+                        candidates,
+                        log_q,
+                        jnp.zeros(B * T),
+                        config.compute_dtype,
+                    )
+                )
+                for d in range(2)
+            )
+
         return jax.grad(loss, argnums=(0, 1))(W, h)
 
     x = jnp.asarray(np.random.default_rng(0).normal(size=(2, B, T, P)), jnp.float32)
@@ -93,14 +110,25 @@ def main() -> None:
         return metrics["loss"]
 
     whole = timed(run_step, batch)
-    print(f"{args.config} {args.dtype} B={B} on {jax.devices()[0].device_kind}: step {1000 * whole:.1f} ms "
-          f"({len(batch['chars'])} distinct-word rows)")
+    print(
+        f"{args.config} {args.dtype} B={B} on {jax.devices()[0].device_kind}: step {1000 * whole:.1f} ms "
+        f"({len(batch['chars'])} distinct-word rows)"
+    )
     for name, seconds in parts.items():
         print(f"  {name:16s} {1000 * seconds:7.1f} ms  {100 * seconds / whole:5.1f}% of the step")
     rest = whole - sum(parts.values())
     print(f"  {'the rest':16s} {1000 * rest:7.1f} ms  {100 * rest / whole:5.1f}% (gathers, clip, Adagrad, overheads)")
-    print(json.dumps({"config": args.config, "dtype": args.dtype, "per_device_batch": B, "step_ms": 1000 * whole,
-                      **{f"{k}_ms": 1000 * v for k, v in parts.items()}}))
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "dtype": args.dtype,
+                "per_device_batch": B,
+                "step_ms": 1000 * whole,
+                **{f"{k}_ms": 1000 * v for k, v in parts.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

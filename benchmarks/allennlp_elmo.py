@@ -76,7 +76,9 @@ def main() -> None:
     report = {"sentences": len(batch), "ids_equal": bool(np.array_equal(ids, reference["ids"]))}
     print(f"char ids {ids.shape}: {'equal' if report['ids_equal'] else 'DIFFERENT'}")
     for norm, keep in SETTINGS:
-        elmo = Elmo(fixtures / "elmo", dropout=0.0, do_layer_norm=norm, keep_sentence_boundaries=keep, scalar_mix_parameters=MIX)
+        elmo = Elmo(
+            fixtures / "elmo", dropout=0.0, do_layer_norm=norm, keep_sentence_boundaries=keep, scalar_mix_parameters=MIX
+        )
         out = elmo(ids)
         name = f"do_layer_norm={norm}, keep_sentence_boundaries={keep}"
         assert np.array_equal(np.asarray(out["mask"]), reference[f"mask_{norm}_{keep}"].astype(bool)), name

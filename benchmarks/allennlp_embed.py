@@ -89,7 +89,9 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/embed_vs_allennlp")
     parser.add_argument("--reference_python", default="/tmp/refvenv/bin/python")
     parser.add_argument("--baseline", default=None, help="another elmo_jax checkout to time the same way")
-    parser.add_argument("--allennlp_file_order", action="store_true", help="also time AllenNLP on batches in file order")
+    parser.add_argument(
+        "--allennlp_file_order", action="store_true", help="also time AllenNLP on batches in file order"
+    )
     args = parser.parse_args()
 
     import jax
@@ -112,20 +114,45 @@ def main() -> None:
     cache = {"XDG_CACHE_HOME": str(out / "cache")}
     subprocess.run(["rm", "-rf", str(out / "cache")], check=True)
     times, logs = {}, {}
-    times["ours_cold_cache"], logs["cold"] = timed([sys.executable, str(ROOT / "launch.py"), *embed, f"--output={out / 'ours.h5'}"], cache)
-    times["ours_warm_cache"], logs["warm"] = timed([sys.executable, str(ROOT / "launch.py"), *embed, f"--output={out / 'ours.h5'}"], cache)
+    times["ours_cold_cache"], logs["cold"] = timed(
+        [sys.executable, str(ROOT / "launch.py"), *embed, f"--output={out / 'ours.h5'}"], cache
+    )
+    times["ours_warm_cache"], logs["warm"] = timed(
+        [sys.executable, str(ROOT / "launch.py"), *embed, f"--output={out / 'ours.h5'}"], cache
+    )
     if args.baseline:
         base = Path(args.baseline).resolve()
-        times["baseline"], _ = timed([sys.executable, str(base / "launch.py"), *embed, f"--output={out / 'baseline.h5'}"])
+        times["baseline"], _ = timed(
+            [sys.executable, str(base / "launch.py"), *embed, f"--output={out / 'baseline.h5'}"]
+        )
     times["allennlp"], reference_log = timed(
-        [args.reference_python, "-c", REFERENCE, *model[1::2], str(out / "sentences.txt"), str(out / "allennlp.h5"), "sorted"]
+        [
+            args.reference_python,
+            "-c",
+            REFERENCE,
+            *model[1::2],
+            str(out / "sentences.txt"),
+            str(out / "allennlp.h5"),
+            "sorted",
+        ]
     )
     if args.allennlp_file_order:
         times["allennlp_file_order"], _ = timed(
-            [args.reference_python, "-c", REFERENCE, *model[1::2], str(out / "sentences.txt"), str(out / "allennlp_file_order.h5"), "file"]
+            [
+                args.reference_python,
+                "-c",
+                REFERENCE,
+                *model[1::2],
+                str(out / "sentences.txt"),
+                str(out / "allennlp_file_order.h5"),
+                "file",
+            ]
         )
     report = {
-        "sentences": args.sentences, "tokens": tokens, "distinct_words": distinct, "size": args.size,
+        "sentences": args.sentences,
+        "tokens": tokens,
+        "distinct_words": distinct,
+        "size": args.size,
         **{f"{k}_s": round(v, 2) for k, v in times.items()},
         "allennlp_forward_s": round(json.loads(reference_log.strip().splitlines()[-1])["forward_s"], 2),
         "speedup_warm": round(times["allennlp"] / times["ours_warm_cache"], 2),

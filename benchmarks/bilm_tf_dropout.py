@@ -51,8 +51,10 @@ def tf_side(draws: int, rate: float, out: str, bilm_work: str) -> None:
         feed = {
             placeholder: f[f"step_1/batch/{name}"][...]
             for placeholder, name in (
-                (model.tokens_characters, "tokens_characters"), (model.tokens_characters_reverse, "tokens_characters_reverse"),
-                (model.next_token_id, "next_token_id"), (model.next_token_id_reverse, "next_token_id_reverse"),
+                (model.tokens_characters, "tokens_characters"),
+                (model.tokens_characters_reverse, "tokens_characters_reverse"),
+                (model.next_token_id, "next_token_id"),
+                (model.next_token_id_reverse, "next_token_id_reverse"),
             )
         }
         initial = {v.name[:-2]: f["initial/" + v.name[:-2]][...] for v in variables}
@@ -66,8 +68,12 @@ def tf_side(draws: int, rate: float, out: str, bilm_work: str) -> None:
             losses.append(loss)
             total = [t + x.astype(np.float64) for t, x in zip(total, g)]
             squares = [s + x.astype(np.float64) ** 2 for s, x in zip(squares, g)]
-    np.savez(out, losses=np.array(losses), **{f"mean/{v.name[:-2]}": t / draws for v, t in zip(variables, total)},
-             **{f"square/{v.name[:-2]}": s / draws for v, s in zip(variables, squares)})
+    np.savez(
+        out,
+        losses=np.array(losses),
+        **{f"mean/{v.name[:-2]}": t / draws for v, t in zip(variables, total)},
+        **{f"square/{v.name[:-2]}": s / draws for v, s in zip(variables, squares)},
+    )
 
 
 def our_side(draws: int, rate: float) -> tuple:
@@ -101,7 +107,11 @@ def our_side(draws: int, rate: float) -> tuple:
         losses.append(np.asarray(loss))
         g = {name: x.astype(np.float64) for name, x in params_to_tf(g, config).items()}
         total = g if total is None else {name: total[name] + x for name, x in g.items()}
-        squares = {name: x * x for name, x in g.items()} if squares is None else {name: squares[name] + x * x for name, x in g.items()}
+        squares = (
+            {name: x * x for name, x in g.items()}
+            if squares is None
+            else {name: squares[name] + x * x for name, x in g.items()}
+        )
     return np.array(losses), {name: (total[name] / draws, squares[name] / draws) for name in total}
 
 
@@ -123,8 +133,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/tf.npz"
-        subprocess.run([args.bilm_python, __file__, "--side=tf", f"--draws={args.draws}", f"--dropout={args.dropout}",
-                        f"--tf-out={out}", f"--bilm-work={args.bilm_work}"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                args.bilm_python,
+                __file__,
+                "--side=tf",
+                f"--draws={args.draws}",
+                f"--dropout={args.dropout}",
+                f"--tf-out={out}",
+                f"--bilm-work={args.bilm_work}",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         theirs = dict(np.load(out))
     ours_rate = args.dropout if args.ours_dropout is None else args.ours_dropout
     losses, moments = our_side(args.draws, ours_rate)
@@ -132,7 +154,9 @@ def main() -> None:
     their_losses = theirs["losses"]
     z_loss = (losses.mean(0) - their_losses.mean(0)) / np.sqrt((losses.var(0) + their_losses.var(0)) / n)
     print(f"dropout: bilm-tf {args.dropout}, ours {ours_rate}; {n} draws each")
-    print(f"losses (forward, backward): bilm-tf {their_losses.mean(0).round(5)}, ours {losses.mean(0).round(5)}, z {z_loss.round(2)}")
+    print(
+        f"losses (forward, backward): bilm-tf {their_losses.mean(0).round(5)}, ours {losses.mean(0).round(5)}, z {z_loss.round(2)}"
+    )
     print("| variable | max abs z of the gradient means | variance ratio (ours / bilm-tf) |")
     print("|---|---|---|")
     all_z, ratios = [], []
@@ -146,9 +170,11 @@ def main() -> None:
         ratios.append(ratio)
         print(f"| {name} | {np.abs(z).max():.2f} | {ratio:.3f} |")
     z = np.concatenate(all_z)
-    print(f"all {z.size} gradient coordinates: |z| > 3 for {100 * (np.abs(z) > 3).mean():.2f}% "
-          f"(0.27% expected for equal laws), mean |z| {np.abs(z).mean():.3f} (0.798 expected); "
-          f"variance ratio median {np.median(ratios):.3f}, range {min(ratios):.3f} - {max(ratios):.3f}")
+    print(
+        f"all {z.size} gradient coordinates: |z| > 3 for {100 * (np.abs(z) > 3).mean():.2f}% "
+        f"(0.27% expected for equal laws), mean |z| {np.abs(z).mean():.3f} (0.798 expected); "
+        f"variance ratio median {np.median(ratios):.3f}, range {min(ratios):.3f} - {max(ratios):.3f}"
+    )
 
 
 if __name__ == "__main__":

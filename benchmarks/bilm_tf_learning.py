@@ -91,8 +91,19 @@ def main() -> None:
         if "bilm_tf" in sides and "bilm_tf" not in row:
             run = out / "bilm_tf" / f"dropout{args.dropout}_seed{seed}"
             row["bilm_tf"] = last_json(
-                [args.bilm_python, "-c", BILM_TF_WITH_DROPOUT, args.bilm_tools, str(args.dropout), f"--train={train}",
-                 f"--heldout={heldout}", f"--vocab={vocab}", f"--epochs={args.epochs}", f"--out={run}", f"--seed={seed}"],
+                [
+                    args.bilm_python,
+                    "-c",
+                    BILM_TF_WITH_DROPOUT,
+                    args.bilm_tools,
+                    str(args.dropout),
+                    f"--train={train}",
+                    f"--heldout={heldout}",
+                    f"--vocab={vocab}",
+                    f"--epochs={args.epochs}",
+                    f"--out={run}",
+                    f"--seed={seed}",
+                ],
                 out / f"bilm_tf_dropout{args.dropout}_seed{seed}.log",
             )
         if "elmo_jax" in sides and "elmo_jax" not in row:
@@ -101,11 +112,22 @@ def main() -> None:
                 sys.exit(f"{key}: run the bilm_tf side first (its step count sets ours)")
             workdir = out / "elmo_jax" / f"dropout{args.dropout}_seed{seed}"
             trained = last_json(
-                [sys.executable, "launch.py", "train", "--config=experiments/cpu_peer.py", f"--workdir={workdir}",
-                 f"--config.data.train=text:{train}", f"--config.data.heldout=text:{heldout}", f"--config.data.vocab={vocab}",
-                 f"--config.train.max_steps={steps}", f"--config.train.n_epochs={args.epochs + 1}",
-                 f"--config.train.seed={seed}", f"--config.train.dropout={args.dropout}",
-                 "--config.train.eval_every=0", "--config.train.devices=1"],
+                [
+                    sys.executable,
+                    "launch.py",
+                    "train",
+                    "--config=experiments/cpu_peer.py",
+                    f"--workdir={workdir}",
+                    f"--config.data.train=text:{train}",
+                    f"--config.data.heldout=text:{heldout}",
+                    f"--config.data.vocab={vocab}",
+                    f"--config.train.max_steps={steps}",
+                    f"--config.train.n_epochs={args.epochs + 1}",
+                    f"--config.train.seed={seed}",
+                    f"--config.train.dropout={args.dropout}",
+                    "--config.train.eval_every=0",
+                    "--config.train.devices=1",
+                ],
                 out / f"elmo_jax_dropout{args.dropout}_seed{seed}.log",
             )
             row["elmo_jax"] = {**trained, "steps": steps}
@@ -120,14 +142,20 @@ def report(results: dict) -> None:
         cells = []
         for side in ("bilm_tf", "elmo_jax"):
             r = row.get(side)
-            cells.append(f"{r['perplexity']:.2f} ({r['forward_perplexity']:.2f} / {r['backward_perplexity']:.2f})" if r else "-")
+            cells.append(
+                f"{r['perplexity']:.2f} ({r['forward_perplexity']:.2f} / {r['backward_perplexity']:.2f})" if r else "-"
+            )
         ratio = row["elmo_jax"]["perplexity"] / row["bilm_tf"]["perplexity"] if len(row) == 2 else None
         print(f"| {key} | {cells[0]} | {cells[1]} | {f'{ratio:.3f}' if ratio else '-'} |")
     for setting in dict.fromkeys(key.split(" seed=")[0] for key in results):
         for side in ("bilm_tf", "elmo_jax"):
-            values = [row[side]["perplexity"] for key, row in results.items() if key.startswith(setting + " ") and side in row]
+            values = [
+                row[side]["perplexity"] for key, row in results.items() if key.startswith(setting + " ") and side in row
+            ]
             if len(values) > 1:
-                print(f"{setting}, {side}: mean {statistics.mean(values):.2f}, min {min(values):.2f}, max {max(values):.2f} over {len(values)} seeds")
+                print(
+                    f"{setting}, {side}: mean {statistics.mean(values):.2f}, min {min(values):.2f}, max {max(values):.2f} over {len(values)} seeds"
+                )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ def main() -> None:
     parser.add_argument("--distinct-words", type=int, default=8192, help="rows of the batch's table of distinct words")
     parser.add_argument("--vocab", type=int, nargs="+", default=[100_000, 400_000, 793_471])
     args = parser.parse_args()
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -44,24 +46,50 @@ def main() -> None:
     results = []
     for shard_softmax in (False, True):
         for V in args.vocab:
-            hp = TrainHParams(batch_size=args.per_device_batch, unroll_steps=args.unroll, n_tokens_vocab=V,
-                              n_negative_samples_batch=args.negatives)
+            hp = TrainHParams(
+                batch_size=args.per_device_batch,
+                unroll_steps=args.unroll,
+                n_tokens_vocab=V,
+                n_negative_samples_batch=args.negatives,
+            )
             rows = round_up(V, args.devices) if shard_softmax else V
             abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, B, rows))
             shardings = parallel.state_shardings(abstract, shard_softmax)
-            batch = parallel.abstract_batch(B, args.unroll, round_up(args.distinct_words, args.devices),
-                                            config.char_cnn.max_characters_per_token)
-            hlo = make_train_step(config, hp, parallel=parallel, state_shardings=shardings).lower(abstract, batch).compile().as_text()
+            batch = parallel.abstract_batch(
+                B, args.unroll, round_up(args.distinct_words, args.devices), config.char_cnn.max_characters_per_token
+            )
+            hlo = (
+                make_train_step(config, hp, parallel=parallel, state_shardings=shardings)
+                .lower(abstract, batch)
+                .compile()
+                .as_text()
+            )
             by_kind = communication_bytes(hlo)
-            result = {"shard_softmax": shard_softmax, "vocab": V, "bytes": sum(by_kind.values()), **by_kind,
-                      "dense_table_gradient_bytes": V * P * 4}
+            result = {
+                "shard_softmax": shard_softmax,
+                "vocab": V,
+                "bytes": sum(by_kind.values()),
+                **by_kind,
+                "dense_table_gradient_bytes": V * P * 4,
+            }
             results.append(result)
             kinds = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(by_kind.items()))
-            print(f"{args.config}, {args.devices} devices, softmax {'sharded' if shard_softmax else 'replicated'}, "
-                  f"V = {V:,}: {sum(by_kind.values()) / 2**20:.1f} MiB per step ({kinds}); "
-                  f"a dense table gradient would be {V * P * 4 / 2**20:.0f} MiB", flush=True)
-    print(json.dumps({"config": args.config, "devices": args.devices, "per_device_batch": args.per_device_batch,
-                      "results": results}))
+            print(
+                f"{args.config}, {args.devices} devices, softmax {'sharded' if shard_softmax else 'replicated'}, "
+                f"V = {V:,}: {sum(by_kind.values()) / 2**20:.1f} MiB per step ({kinds}); "
+                f"a dense table gradient would be {V * P * 4 / 2**20:.0f} MiB",
+                flush=True,
+            )
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "devices": args.devices,
+                "per_device_batch": args.per_device_batch,
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ def main() -> None:
     from throughput import CONFIGS, DTYPES
 
     options, vocab, negatives, _ = CONFIGS[args.config]
-    config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule)
+    config = dataclasses.replace(
+        ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule
+    )
     B, T = args.per_device_batch, args.unroll_steps
     hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab, n_negative_samples_batch=negatives)
     parallel = DataParallel(1)
@@ -63,13 +65,28 @@ def main() -> None:
         ops = ", ".join(f"{op} {n}" for op, n in sorted(loop["ops"].items(), key=lambda kv: -kv[1]))
         outer = f" inside loops of {loop['outer_trips']} iterations" if loop["outer_trips"] > 1 else ""
         kind = "matmul loop" if loop["matmul"] else "loop"
-        print(f"{kind} from {loop['source'] or loop['body']}: {loop['trip_count']} iterations{outer}, "
-              f"{sum(loop['ops'].values())} ops per iteration ({ops})")
-    print(f"{args.config}, {B} rows, T = {T}, {args.dtype}, {schedule(config)} schedule on {jax.devices()[0].platform}: "
-          f"{result['dependent_loop_iterations']} dependent loop iterations with matmuls per train step, "
-          f"{result['ops_per_iteration']:.1f} ops per iteration; {result['other_loop_iterations']} iterations of other loops")
-    print(json.dumps({"config": args.config, "per_device_batch": B, "unroll_steps": T, "dtype": args.dtype, "lstm_schedule": schedule(config),
-                      "backend": jax.devices()[0].platform, **result}))
+        print(
+            f"{kind} from {loop['source'] or loop['body']}: {loop['trip_count']} iterations{outer}, "
+            f"{sum(loop['ops'].values())} ops per iteration ({ops})"
+        )
+    print(
+        f"{args.config}, {B} rows, T = {T}, {args.dtype}, {schedule(config)} schedule on {jax.devices()[0].platform}: "
+        f"{result['dependent_loop_iterations']} dependent loop iterations with matmuls per train step, "
+        f"{result['ops_per_iteration']:.1f} ops per iteration; {result['other_loop_iterations']} iterations of other loops"
+    )
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "per_device_batch": B,
+                "unroll_steps": T,
+                "dtype": args.dtype,
+                "lstm_schedule": schedule(config),
+                "backend": jax.devices()[0].platform,
+                **result,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

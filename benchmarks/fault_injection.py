@@ -30,8 +30,14 @@ from elmo_jax.train.checkpoint import DamagedCheckpoint, verify_step  # noqa: E4
 
 def train_args(workdir: Path, steps: int) -> list[str]:
     return [
-        sys.executable, str(ROOT / "launch.py"), "train", "--config=experiments/demo.py", f"--workdir={workdir}",
-        f"--config.train.max_steps={steps}", "--config.train.checkpoint_every=50", "--config.train.eval_every=0",
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "train",
+        "--config=experiments/demo.py",
+        f"--workdir={workdir}",
+        f"--config.train.max_steps={steps}",
+        "--config.train.checkpoint_every=50",
+        "--config.train.eval_every=0",
         "--config.train.log_every=25",
     ]
 
@@ -54,7 +60,9 @@ def intact_steps(workdir: Path) -> list[int]:
 
 def run(workdir: Path, steps: int, signal_after: float | None = None, sig: int = signal.SIGKILL) -> tuple[int, str]:
     """A training run; with `signal_after`, `sig` is sent after that many seconds."""
-    proc = subprocess.Popen(train_args(workdir, steps), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        train_args(workdir, steps), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     if signal_after is not None:
         try:
             out, _ = proc.communicate(timeout=signal_after)
@@ -72,8 +80,11 @@ def final_result(out: str) -> dict | None:
 
 def damage(workdir: Path, rng: random.Random) -> str:
     step = steps_on_disk(workdir)[-1]
-    files = [p for p in (workdir / "checkpoints" / str(step) / rng.choice(["state", "state", "rows", "data"])).rglob("*")
-             if p.is_file() and p.name not in ("checksums.json", "commit_success.txt")]
+    files = [
+        p
+        for p in (workdir / "checkpoints" / str(step) / rng.choice(["state", "state", "rows", "data"])).rglob("*")
+        if p.is_file() and p.name not in ("checksums.json", "commit_success.txt")
+    ]
     target = rng.choice(files)
     kind = rng.choice(["delete", "truncate", "flip"])
     if kind == "delete":
@@ -164,8 +175,17 @@ def main() -> None:
         lost += episode_lost
         if mounted:
             subprocess.run(["umount", str(workdir)], check=True)
-    print(json.dumps({"faults_injected": sum(injected.values()), "by_kind": injected, "runs": episodes,
-                      "ended_with_the_exact_result": exact, "lost_anything": lost}))
+    print(
+        json.dumps(
+            {
+                "faults_injected": sum(injected.values()),
+                "by_kind": injected,
+                "runs": episodes,
+                "ended_with_the_exact_result": exact,
+                "lost_anything": lost,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

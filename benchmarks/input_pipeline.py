@@ -38,10 +38,21 @@ def main() -> None:
         next(batcher)
     elapsed = time.perf_counter() - start
     tokens_per_sec = args.batches * args.batch * args.unroll / elapsed
-    print(f"StreamBatcher {args.batch} x {args.unroll}, vocabulary {args.vocab:,}: {tokens_per_sec:,.0f} tokens/s, "
-          f"{1000 * elapsed / args.batches:.2f} ms per batch (one core)")
-    print(json.dumps({"batch": args.batch, "unroll": args.unroll, "vocab": args.vocab, "tokens_per_sec": tokens_per_sec,
-                      "ms_per_batch": 1000 * elapsed / args.batches}))
+    print(
+        f"StreamBatcher {args.batch} x {args.unroll}, vocabulary {args.vocab:,}: {tokens_per_sec:,.0f} tokens/s, "
+        f"{1000 * elapsed / args.batches:.2f} ms per batch (one core)"
+    )
+    print(
+        json.dumps(
+            {
+                "batch": args.batch,
+                "unroll": args.unroll,
+                "vocab": args.vocab,
+                "tokens_per_sec": tokens_per_sec,
+                "ms_per_batch": 1000 * elapsed / args.batches,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -78,7 +78,9 @@ def schedules_seconds(config: ModelConfig, B: int, T: int, dropout: float = 0.1)
 
     def grad(schedule: str):
         scheduled = dataclasses.replace(config, lstm_schedule=schedule)
-        return jax.jit(jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, mask, state, scheduled, keep, dropout)[0][-1] ** 2)))
+        return jax.jit(
+            jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, mask, state, scheduled, keep, dropout)[0][-1] ** 2))
+        )
 
     grads = {schedule: grad(schedule) for schedule in ("wavefront", "layers")}
     pairs = zip(*(jax.tree.leaves(g(params)) for g in grads.values()))
@@ -99,18 +101,27 @@ def main() -> None:
     config = ModelConfig.from_options(options)
     lstm = config.lstm
     B, P, G = args.per_device_batch or default_batch, lstm.projection_dim, 4 * lstm.dim
-    result = {"config": args.config, "device": jax.devices()[0].device_kind, "cpu_affinity": len(os.sched_getaffinity(0)), "per_device_batch": B}
+    result = {
+        "config": args.config,
+        "device": jax.devices()[0].device_kind,
+        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "per_device_batch": B,
+    }
     seconds = schedules_seconds(config, B, args.unroll_steps)
     L, T = config.lstm.n_layers, args.unroll_steps
-    print(f"{args.config} B={B}, T={T}, L={L}, forward + backward of the LSTM stacks: wavefront ({T + L - 1} steps) "
-          f"{1e3 * seconds['wavefront']:.2f} ms, a loop per layer ({L} x {T} steps) {1e3 * seconds['layers']:.2f} ms, "
-          f"wavefront {seconds['layers'] / seconds['wavefront']:.2f}x as fast")
+    print(
+        f"{args.config} B={B}, T={T}, L={L}, forward + backward of the LSTM stacks: wavefront ({T + L - 1} steps) "
+        f"{1e3 * seconds['wavefront']:.2f} ms, a loop per layer ({L} x {T} steps) {1e3 * seconds['layers']:.2f} ms, "
+        f"wavefront {seconds['layers'] / seconds['wavefront']:.2f}x as fast"
+    )
     result.update({f"ms_{name}": 1e3 * value for name, value in seconds.items()})
     cases = [(2, 1), (1, 1)] + ([(2, 2)] if jax.device_count() >= 2 else [])
     for directions, devices in cases:
         seconds = loop_step_seconds(directions, B, P, G, args.steps, devices)
         gflops = 2 * directions * B * P * G / seconds / 1e9
-        print(f"{args.config} B={B}, {directions} direction(s) on {devices} device(s): {1e6 * seconds:.1f} us per step, matmul {gflops:.0f} GFLOP/s")
+        print(
+            f"{args.config} B={B}, {directions} direction(s) on {devices} device(s): {1e6 * seconds:.1f} us per step, matmul {gflops:.0f} GFLOP/s"
+        )
         result[f"us_per_step_{directions}_directions_{devices}_devices"] = 1e6 * seconds
     print(json.dumps(result))
 

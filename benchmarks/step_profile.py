@@ -39,8 +39,11 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
     """Every instruction of a compiled HLO module by name: opcode, the JAX op it came from
     (op_name), its part of the model, and whether it runs inside a while loop with matmuls."""
     inside = {name for loop in loops(hlo_text) if loop["matmul"] for name in loop["computations"]}
-    return {name: {"opcode": opcode, "op_name": source, "part": part_of(source), "in_recurrent_loop": comp in inside}
-            for comp, lines in computations(hlo_text).items() for name, opcode, source in instructions(lines)}
+    return {
+        name: {"opcode": opcode, "op_name": source, "part": part_of(source), "in_recurrent_loop": comp in inside}
+        for comp, lines in computations(hlo_text).items()
+        for name, opcode, source in instructions(lines)
+    }
 
 
 def part_of(op_name: str) -> str:
@@ -93,19 +96,32 @@ def breakdown(trace_dir: str, hlo_text: str, steps: int, module: str = "train_st
         "ops_per_step": sum(counts.values()) / steps,
         "recurrent_loop_ops_per_step": sum(n for name, n in counts.items() if ops[name]["in_recurrent_loop"]) / steps,
         "parts": {part: seconds / total for part, seconds in parts.most_common()},
-        "top_ops": [{"op": name, "opcode": ops[name]["opcode"], "part": ops[name]["part"],
-                     "in_recurrent_loop": ops[name]["in_recurrent_loop"], "ms_per_step": 1e3 * seconds,
-                     "share": seconds / total, "calls_per_step": counts[name] / steps, "op_name": ops[name]["op_name"][-120:]}
-                    for name, seconds in per_op.most_common(top)],
+        "top_ops": [
+            {
+                "op": name,
+                "opcode": ops[name]["opcode"],
+                "part": ops[name]["part"],
+                "in_recurrent_loop": ops[name]["in_recurrent_loop"],
+                "ms_per_step": 1e3 * seconds,
+                "share": seconds / total,
+                "calls_per_step": counts[name] / steps,
+                "op_name": ops[name]["op_name"][-120:],
+            }
+            for name, seconds in per_op.most_common(top)
+        ],
     }
 
 
 def describe(profile: dict) -> str:
     """The breakdown as text lines."""
-    lines = [f"profile: {1e3 * profile['op_seconds_per_step']:.1f} ms of ops per step, {profile['ops_per_step']:.0f} ops "
-             f"per step ({profile['recurrent_loop_ops_per_step']:.0f} in the LSTM loops); by part: "
-             + ", ".join(f"{part} {100 * share:.1f}%" for part, share in profile["parts"].items())]
+    lines = [
+        f"profile: {1e3 * profile['op_seconds_per_step']:.1f} ms of ops per step, {profile['ops_per_step']:.0f} ops "
+        f"per step ({profile['recurrent_loop_ops_per_step']:.0f} in the LSTM loops); by part: "
+        + ", ".join(f"{part} {100 * share:.1f}%" for part, share in profile["parts"].items())
+    ]
     for op in profile["top_ops"]:
-        lines.append(f"  {op['ms_per_step']:8.3f} ms {100 * op['share']:5.1f}% x{op['calls_per_step']:<4.0f} "
-                     f"{op['op']} ({op['opcode']}, {'lstm loop' if op['in_recurrent_loop'] else op['part']}): {op['op_name']}")
+        lines.append(
+            f"  {op['ms_per_step']:8.3f} ms {100 * op['share']:5.1f}% x{op['calls_per_step']:<4.0f} "
+            f"{op['op']} ({op['opcode']}, {'lstm loop' if op['in_recurrent_loop'] else op['part']}): {op['op_name']}"
+        )
     return "\n".join(lines)

@@ -56,7 +56,12 @@ from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 CPU_PEER = cpu_peer.get_config()  # the size compared with the original bilm-tf code
 # name: (options, vocabulary size, negatives, default per-device batch)
 CONFIGS = {
-    "cpu_peer": (CPU_PEER.model.to_dict(), 5_000, CPU_PEER.train.n_negative_samples_batch, CPU_PEER.train.per_device_batch_size),
+    "cpu_peer": (
+        CPU_PEER.model.to_dict(),
+        5_000,
+        CPU_PEER.train.n_negative_samples_batch,
+        CPU_PEER.train.per_device_batch_size,
+    ),
     **{name: (options, 793_471, 8192, 128) for name, options in PUBLISHED_OPTIONS.items()},
 }
 
@@ -145,11 +150,22 @@ def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
         encoder_s[name] = time.perf_counter() - start
     distinct = len(np.unique(positions))
     result = {
-        "config": args.config, "mode": "embed", "dtype": args.dtype, "device": device.device_kind,
-        "per_device_batch": B, "sentences": len(sentences), "tokens": tokens, "positions": len(positions),
-        "distinct_words": distinct, "tokens_per_sec": tokens / pass_s, "pass_s": pass_s,
-        "pass_spread_s": [min(times), max(times)], "first_pass_s": first_s, "compile_s": compiled.seconds,
-        "programs": compiled.programs, "encoder_distinct_words_s": encoder_s["distinct_words"],
+        "config": args.config,
+        "mode": "embed",
+        "dtype": args.dtype,
+        "device": device.device_kind,
+        "per_device_batch": B,
+        "sentences": len(sentences),
+        "tokens": tokens,
+        "positions": len(positions),
+        "distinct_words": distinct,
+        "tokens_per_sec": tokens / pass_s,
+        "pass_s": pass_s,
+        "pass_spread_s": [min(times), max(times)],
+        "first_pass_s": first_s,
+        "compile_s": compiled.seconds,
+        "programs": compiled.programs,
+        "encoder_distinct_words_s": encoder_s["distinct_words"],
         "encoder_every_position_s": encoder_s["every_position"],
         "encoder_every_position_all_columns_s": encoder_s["every_position_all_columns"],
         "encoder_saving": encoder_s["every_position_all_columns"] / encoder_s["distinct_words"],
@@ -173,20 +189,33 @@ def main() -> None:
     parser.add_argument("--mode", default="train", choices=["train", "embed"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                        help="train: also trace this many steps with jax.profiler and print where their time goes")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="train: also trace this many steps with jax.profiler and print where their time goes",
+    )
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
-    parser.add_argument("--lstm-schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each")
+    parser.add_argument(
+        "--lstm-schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each"
+    )
     parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
-    parser.add_argument("--release-freed-memory", action="store_true", help="leave JAX's CPU dispatch and glibc malloc as they are (launch.py keeps freed memory)")
+    parser.add_argument(
+        "--release-freed-memory",
+        action="store_true",
+        help="leave JAX's CPU dispatch and glibc malloc as they are (launch.py keeps freed memory)",
+    )
     args = parser.parse_args()
     if not args.release_freed_memory:
         keep_freed_memory()
 
     options, vocab_size, negatives, default_batch = CONFIGS[args.config]
     B, T = args.per_device_batch or default_batch, args.unroll_steps
-    config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule)
+    config = dataclasses.replace(
+        ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule
+    )
     device = jax.devices()[0]
     if args.mode == "embed":
         return embed_throughput(args, config, B, device)
@@ -202,7 +231,9 @@ def main() -> None:
     U, W = max(b["chars"].shape[0] for b in host), max(b["chars"].shape[1] for b in host)
     for b in host:
         u, w = b["chars"].shape
-        b["chars"] = np.pad(np.pad(b["chars"], ((0, 0), (0, W - w)), constant_values=PAD_CHAR + 1), ((0, U - u), (0, 0)))
+        b["chars"] = np.pad(
+            np.pad(b["chars"], ((0, 0), (0, W - w)), constant_values=PAD_CHAR + 1), ((0, U - u), (0, 0))
+        )
     start = time.perf_counter()
     step_fn = make_train_step(config, hp, unroll=args.scan_unroll).lower(state, host[0]).compile()
     compile_s = time.perf_counter() - start

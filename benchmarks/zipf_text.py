@@ -14,11 +14,41 @@ from pathlib import Path
 import numpy as np
 
 LETTERS = np.array(list("etaoinshrdlucmfwypvbgkqjxz"))
-LETTER_P = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4, 2.2, 2.0, 2.0, 1.9,
-                     1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07])
+LETTER_P = np.array(
+    [
+        12.7,
+        9.1,
+        8.2,
+        7.5,
+        7.0,
+        6.7,
+        6.3,
+        6.1,
+        6.0,
+        4.3,
+        4.0,
+        2.8,
+        2.8,
+        2.4,
+        2.4,
+        2.2,
+        2.0,
+        2.0,
+        1.9,
+        1.5,
+        1.0,
+        0.8,
+        0.15,
+        0.15,
+        0.1,
+        0.07,
+    ]
+)
 
 
-def zipf_sentences(n_sentences: int, seed: int = 0, vocabulary: int = 100_000, exponent: float = 1.1) -> list[list[str]]:
+def zipf_sentences(
+    n_sentences: int, seed: int = 0, vocabulary: int = 100_000, exponent: float = 1.1
+) -> list[list[str]]:
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, vocabulary + 1)
     lengths = np.clip(np.round(2.0 + 1.3 * np.log10(ranks) + rng.normal(0, 1.5, vocabulary)), 1, 16).astype(int)

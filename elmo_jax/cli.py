@@ -30,12 +30,24 @@ from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.host_memory import keep_freed_memory
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/NAME.py); override fields with --config.a.b=value.", lock_config=True)
+config_flags.DEFINE_config_file(
+    "config", None, "Experiment file (experiments/NAME.py); override fields with --config.a.b=value.", lock_config=True
+)
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
-flags.DEFINE_string("data", None, "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. vocab: the source to count.")
-flags.DEFINE_integer("min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines).")
+flags.DEFINE_string(
+    "data",
+    None,
+    "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. vocab: the source to count.",
+)
+flags.DEFINE_integer(
+    "min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines)."
+)
 flags.DEFINE_integer("max-sentences", 0, "eval: evaluate only the first N sentences, for a quick estimate (0 = all).")
-flags.DEFINE_integer("batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).")
+flags.DEFINE_integer(
+    "batch_size",
+    None,
+    "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).",
+)
 flags.DEFINE_string("options", None, "import, embed: bilm-tf options.json.")
 flags.DEFINE_string("weights", None, "import, embed: bilm-tf weights.hdf5.")
 flags.DEFINE_string("out", None, "import, export: output folder; vocab: output file.")
@@ -43,15 +55,25 @@ flags.DEFINE_string("input", None, "embed: text file, one whitespace-tokenized s
 flags.DEFINE_string("output", None, "embed: output HDF5 file.")
 flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "embed: which layers to write.")
 flags.DEFINE_bool("stateful", False, "embed: carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
-flags.DEFINE_integer("max_tokens", 8192, "embed: padded positions (sentences x length) per batch; longer lines run alone.")
+flags.DEFINE_integer(
+    "max_tokens", 8192, "embed: padded positions (sentences x length) per batch; longer lines run alone."
+)
 flags.DEFINE_integer("max_sentence_tokens", 100_000, "embed: a line with more tokens is refused (not one sentence).")
 flags.DEFINE_bool("overwrite", False, "vocab, import, export, embed: replace an existing output (whole, atomically).")
-flags.DEFINE_bool("compile_cache", True, "Keep compiled programs in $XDG_CACHE_HOME/elmo_jax/jax (default ~/.cache/...), so a second run of the same model compiles nothing; --nocompile_cache turns it off.")
+flags.DEFINE_bool(
+    "compile_cache",
+    True,
+    "Keep compiled programs in $XDG_CACHE_HOME/elmo_jax/jax (default ~/.cache/...), so a second run of the same model compiles nothing; --nocompile_cache turns it off.",
+)
 flags.DEFINE_bool("verbose", False, "Show the traceback of an error (also: ELMO_JAX_TRACEBACK=1).")
-flags.DEFINE_string("coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's cluster detection).")
+flags.DEFINE_string(
+    "coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's cluster detection)."
+)
 flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0 .. num_processes - 1.")
-flags.DEFINE_integer("coordinator_timeout", 300, "Multi-process runs: seconds to wait for the coordinator and the other processes.")
+flags.DEFINE_integer(
+    "coordinator_timeout", 300, "Multi-process runs: seconds to wait for the coordinator and the other processes."
+)
 
 log = logging.getLogger("elmo_jax")
 
@@ -85,7 +107,10 @@ def parse_flags(argv: list[str]) -> list[str]:
             valid = _config_keys(_load_experiment(config_path))
             unknown = [b for b in bad if b not in valid]
             if unknown:
-                message = f"{Path(argv[0]).name}: unknown config key(s) {', '.join(unknown)}. Valid keys:\n  " + "\n  ".join(valid)
+                message = (
+                    f"{Path(argv[0]).name}: unknown config key(s) {', '.join(unknown)}. Valid keys:\n  "
+                    + "\n  ".join(valid)
+                )
         _fail(message, 2)
 
 
@@ -101,7 +126,9 @@ def _not_an_orbax_thread_error(record: logging.LogRecord) -> bool:
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout, force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout, force=True
+    )
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_an_orbax_thread_error)
     for noisy in ("absl", "jax._src"):
@@ -143,7 +170,9 @@ def cmd_import() -> None:
     _require("options", "weights", "out")
     model = load_model(options=FLAGS.options, weights=FLAGS.weights)
     save_imported(model, FLAGS.out, FLAGS.overwrite, (FLAGS.options, FLAGS.weights))
-    log.info("imported %s + %s into %s (embedding-only: the file holds no softmax)", FLAGS.options, FLAGS.weights, FLAGS.out)
+    log.info(
+        "imported %s + %s into %s (embedding-only: the file holds no softmax)", FLAGS.options, FLAGS.weights, FLAGS.out
+    )
 
 
 def cmd_export() -> None:
@@ -151,8 +180,12 @@ def cmd_export() -> None:
 
     _require("workdir", "out")
     export_model(load_model(FLAGS.workdir), FLAGS.out, FLAGS.overwrite, (FLAGS.workdir,))
-    log.info("exported %s to %s (options.json, weights.hdf5%s)", FLAGS.workdir, FLAGS.out,
-             ", vocab.txt" if (Path(FLAGS.out) / "vocab.txt").is_file() else "")
+    log.info(
+        "exported %s to %s (options.json, weights.hdf5%s)",
+        FLAGS.workdir,
+        FLAGS.out,
+        ", vocab.txt" if (Path(FLAGS.out) / "vocab.txt").is_file() else "",
+    )
 
 
 def cmd_embed() -> None:
@@ -167,8 +200,15 @@ def cmd_embed() -> None:
     check_output(FLAGS.output, FLAGS.overwrite, inputs, "--output")  # before loading the model
     model = load_model(FLAGS.workdir, FLAGS.options, FLAGS.weights)
     n = embed_file(
-        model, FLAGS.input, FLAGS.output, FLAGS.layers, FLAGS.batch_size or 64, FLAGS.stateful,
-        max_tokens=FLAGS.max_tokens, max_sentence_tokens=FLAGS.max_sentence_tokens, overwrite=FLAGS.overwrite,
+        model,
+        FLAGS.input,
+        FLAGS.output,
+        FLAGS.layers,
+        FLAGS.batch_size or 64,
+        FLAGS.stateful,
+        max_tokens=FLAGS.max_tokens,
+        max_sentence_tokens=FLAGS.max_sentence_tokens,
+        overwrite=FLAGS.overwrite,
     )
     log.info("embedded %d lines of %s into %s (layers: %s)", n, FLAGS.input, FLAGS.output, FLAGS.layers)
 
@@ -188,7 +228,14 @@ def cmd_vocab() -> None:
     print(json.dumps(stats))
 
 
-COMMANDS = {"vocab": cmd_vocab, "train": cmd_train, "eval": cmd_eval, "import": cmd_import, "export": cmd_export, "embed": cmd_embed}
+COMMANDS = {
+    "vocab": cmd_vocab,
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "import": cmd_import,
+    "export": cmd_export,
+    "embed": cmd_embed,
+}
 
 
 def _source_files(source: str) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 N_CHARACTERS = 262
 BILM_TF_TRAINING_N_CHARACTERS = 261
 
+
 @dataclasses.dataclass(frozen=True)
 class LSTMConfig:
     """`options.json["lstm"]`: C = dim, P = projection_dim, L = n_layers."""
@@ -115,9 +116,7 @@ class ModelConfig:
         if self.lstm_schedule not in LSTM_SCHEDULES:
             raise UserError(f"{source}: lstm_schedule {self.lstm_schedule!r} is not one of {LSTM_SCHEDULES}")
         if self.char_cnn.n_characters != N_CHARACTERS:
-            raise UserError(
-                f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}"
-            )
+            raise UserError(f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}")
 
     def to_options(self) -> dict[str, Any]:
         """The options.json dict (model part) in bilm-tf's layout."""
@@ -174,7 +173,8 @@ def _is_int(value: Any, minimum: int) -> bool:
 
 def _is_filters(value: Any) -> bool:
     return (
-        isinstance(value, (list, tuple)) and len(value) > 0
+        isinstance(value, (list, tuple))
+        and len(value) > 0
         and all(isinstance(f, (list, tuple)) and len(f) == 2 and all(_is_int(x, 1) for x in f) for f in value)
     )
 

@@ -48,5 +48,11 @@ def initialize(coordinator: str, num_processes: int | None, process_id: int | No
             f"process {process_id} of {num_processes} could not reach the coordinator at {coordinator} within "
             f"{timeout_s}s: is process 0 running there, and is the address right?"
         )
-    log.info("process %d of %d joining the coordinator at %s (timeout %ds)", process_id, num_processes, coordinator, timeout_s)
+    log.info(
+        "process %d of %d joining the coordinator at %s (timeout %ds)",
+        process_id,
+        num_processes,
+        coordinator,
+        timeout_s,
+    )
     jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=timeout_s)

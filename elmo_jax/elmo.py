@@ -94,10 +94,14 @@ class Elmo(nnx.Module):
     def __call__(self, char_ids_BTC: jax.Array) -> dict:
         C = self.config.char_cnn.max_characters_per_token
         if isinstance(char_ids_BTC, (list, tuple, str)):
-            raise TypeError(f"Elmo takes char ids (B, T, {C}), not {type(char_ids_BTC).__name__}s: use batch_to_ids(sentences)")
+            raise TypeError(
+                f"Elmo takes char ids (B, T, {C}), not {type(char_ids_BTC).__name__}s: use batch_to_ids(sentences)"
+            )
         char_ids_BTC = jnp.asarray(char_ids_BTC)
         if char_ids_BTC.ndim != 3 or char_ids_BTC.shape[-1] != C or not jnp.issubdtype(char_ids_BTC.dtype, jnp.integer):
-            raise ValueError(f"Elmo takes integer char ids (B, T, {C}) from batch_to_ids, got {char_ids_BTC.dtype} {char_ids_BTC.shape}")
+            raise ValueError(
+                f"Elmo takes integer char ids (B, T, {C}) from batch_to_ids, got {char_ids_BTC.dtype} {char_ids_BTC.shape}"
+            )
         chars = with_sentence_boundaries(char_ids_BTC)
         layers, mask = _bilm(self.config)(self.bilm_params(), chars)
         mixes = [mix(layers, mask) for mix in self.mixes]

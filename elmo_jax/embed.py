@@ -74,7 +74,9 @@ def _jitted_layers_of_table(config: ModelConfig):
     return jax.jit(layers)
 
 
-def encode_words(model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK, cut_columns: bool = True) -> np.ndarray:
+def encode_words(
+    model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK, cut_columns: bool = True
+) -> np.ndarray:
     """Char ids of distinct words (U, C) -> their token vectors (U, P) float32. Sorted by length
     and encoded `chunk` at a time, each chunk's padding columns cut (`char_columns`: the longest
     word plus the widest filter; exact) unless `cut_columns` is False, and its rows padded to a
@@ -146,7 +148,9 @@ class Embedder:
 
     def _zero_state(self, rows: int) -> LSTMState:
         """Zeros in numpy: jnp.zeros would be one more compiled program per shape."""
-        return LSTMState(*(np.zeros(x.shape, np.float32) for x in jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))))
+        return LSTMState(
+            *(np.zeros(x.shape, np.float32) for x in jax.eval_shape(lambda: LSTMState.zeros(self.config, rows)))
+        )
 
     def _run(self, positions: list[np.ndarray], table_UP: jax.Array) -> list[np.ndarray]:
         """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array each."""
@@ -259,8 +263,15 @@ def embed_file(
 
 
 def _embed_lines(
-    model: Model, input_path: Path, output_path: Path, layers: str, batch_size: int, stateful: bool,
-    chunk_sentences: int, max_tokens: int, max_sentence_tokens: int,
+    model: Model,
+    input_path: Path,
+    output_path: Path,
+    layers: str,
+    batch_size: int,
+    stateful: bool,
+    chunk_sentences: int,
+    max_tokens: int,
+    max_sentence_tokens: int,
 ) -> int:
     with open(input_path, "rb") as f:
         total = sum(1 for _ in f)
@@ -296,6 +307,11 @@ def _embed_lines(
     working = max(seconds - compiled.seconds, 1e-9)
     log.info(
         "%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s without compilation (%s)",
-        done, n_tokens, seconds, done / working, n_tokens / working, compiled,
+        done,
+        n_tokens,
+        seconds,
+        done / working,
+        n_tokens / working,
+        compiled,
     )
     return done

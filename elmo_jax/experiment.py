@@ -1,8 +1,8 @@
 """The experiment config: one ml_collections ConfigDict per run (see experiments/*.py).
 
-  model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
-  train  the recipe (docs/MODEL.md section 5) and the loop's cadence
-  data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`) and the vocabulary file
+model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
+train  the recipe (docs/MODEL.md section 5) and the loop's cadence
+data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`) and the vocabulary file
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.train.per_device_batch_size = 128  # rows per step per device; the global batch is this x devices
     config.train.devices = 0  # devices in the data-parallel mesh; 0 = all (of all processes)
     config.train.compute_dtype = "float32"  # or "bfloat16": matmul operands; params and cell state stay float32
-    config.train.lstm_schedule = "auto"  # "wavefront" (all layers in one time loop), "layers" (a loop each); auto: layers on CPU
+    config.train.lstm_schedule = (
+        "auto"  # "wavefront" (all layers in one time loop), "layers" (a loop each); auto: layers on CPU
+    )
     config.train.shard_softmax = False  # shard the softmax table by rows over the devices (huge vocabularies)
     config.train.unroll_steps = 20  # window T
     config.train.sample_softmax = True  # False: train with the full softmax over the whole vocabulary
@@ -128,7 +130,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
-    model = dataclasses.replace(model, compute_dtype=config.train.compute_dtype, lstm_schedule=config.train.lstm_schedule)
+    model = dataclasses.replace(
+        model, compute_dtype=config.train.compute_dtype, lstm_schedule=config.train.lstm_schedule
+    )
     model.validate("config.train")
     return model
 

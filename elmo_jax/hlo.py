@@ -75,7 +75,11 @@ def loops(hlo_text: str) -> list[dict]:
             match = _WHILE.search(line)
             if match:
                 trips, source = _TRIP_COUNT.search(line), _OP_NAME.search(line)
-                parent_of[match.group(2)] = (name, int(trips.group(1)) if trips else None, source.group(1) if source else "")
+                parent_of[match.group(2)] = (
+                    name,
+                    int(trips.group(1)) if trips else None,
+                    source.group(1) if source else "",
+                )
     found = []
     for body, (parent, trips, source) in parent_of.items():
         outer = 1
@@ -84,9 +88,17 @@ def loops(hlo_text: str) -> list[dict]:
             parent = parent_of[parent][0]
         inside = reachable(body, comps)
         ops = collections.Counter(opcode for _, opcode, _ in instructions(comps[body]) if opcode not in FREE_OPS)
-        found.append({"body": body, "source": source, "trip_count": trips, "outer_trips": outer,
-                      "matmul": any(_MATMUL.search(line) for name in inside for line in comps.get(name, [])),
-                      "computations": sorted(inside), "ops": dict(sorted(ops.items()))})
+        found.append(
+            {
+                "body": body,
+                "source": source,
+                "trip_count": trips,
+                "outer_trips": outer,
+                "matmul": any(_MATMUL.search(line) for name in inside for line in comps.get(name, [])),
+                "computations": sorted(inside),
+                "ops": dict(sorted(ops.items())),
+            }
+        )
     return found
 
 
@@ -99,10 +111,14 @@ def recurrence(hlo_text: str) -> dict:
     runs = [(loop["trip_count"] or 0) * loop["outer_trips"] for loop in recurrent]
     ops = [sum(loop["ops"].values()) for loop in recurrent]
     total = sum(runs)
-    return {"dependent_loop_iterations": total,
-            "ops_per_iteration": sum(r * n for r, n in zip(runs, ops)) / total if total else 0.0,
-            "other_loop_iterations": sum((loop["trip_count"] or 0) * loop["outer_trips"] for loop in found if not loop["matmul"]),
-            "loops": found}
+    return {
+        "dependent_loop_iterations": total,
+        "ops_per_iteration": sum(r * n for r, n in zip(runs, ops)) / total if total else 0.0,
+        "other_loop_iterations": sum(
+            (loop["trip_count"] or 0) * loop["outer_trips"] for loop in found if not loop["matmul"]
+        ),
+        "loops": found,
+    }
 
 
 def communication_bytes(hlo_text: str) -> dict[str, int]:

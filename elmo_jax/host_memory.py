@@ -33,4 +33,6 @@ def keep_freed_memory() -> bool:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
-    return all(mallopt(parameter, value) == 1 for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)))
+    return all(
+        mallopt(parameter, value) == 1 for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
+    )

@@ -35,14 +35,18 @@ class Model:
     options: dict | None = None  # bilm-tf training fields to carry into options.json
 
 
-def load_model(path: str | Path | None = None, options: str | Path | None = None, weights: str | Path | None = None) -> Model:
+def load_model(
+    path: str | Path | None = None, options: str | Path | None = None, weights: str | Path | None = None
+) -> Model:
     """From a training workdir, an imported folder or an exported one (`path`), or from
     options.json + HDF5."""
     if path is None:
         if options is None or weights is None:
             raise UserError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
         config = ModelConfig.load(options)
-        return Model(config, jax.device_put(load_weights(weights, config)))  # jnp.asarray would compile a copy per shape
+        return Model(
+            config, jax.device_put(load_weights(weights, config))
+        )  # jnp.asarray would compile a copy per shape
     path = Path(path)
     if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
         return _load_workdir(path)
@@ -75,7 +79,9 @@ def _one_file(folder: Path, suffix: str) -> Path | None:
         return folder / suffix
     found = sorted(p for p in folder.glob(f"*{suffix}") if p.is_file())
     if len(found) > 1:
-        raise UserError(f"{folder}: several *{suffix} files ({', '.join(p.name for p in found)}); give --options and --weights")
+        raise UserError(
+            f"{folder}: several *{suffix} files ({', '.join(p.name for p in found)}); give --options and --weights"
+        )
     return found[0] if found else None
 
 

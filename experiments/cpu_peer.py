@@ -12,7 +12,9 @@ from elmo_jax.experiment import base_config
 
 
 def get_config():
-    config = base_config(bilm_options(256, 64, [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]], embedding_dim=16, n_highway=1))
+    config = base_config(
+        bilm_options(256, 64, [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]], embedding_dim=16, n_highway=1)
+    )
     config.train.per_device_batch_size = 32
     config.train.n_negative_samples_batch = 1024
     config.train.n_epochs = 1.0

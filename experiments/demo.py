@@ -13,7 +13,14 @@ from elmo_jax.experiment import base_config
 def get_config():
     config = base_config(
         {
-            "lstm": {"dim": 128, "projection_dim": 64, "n_layers": 2, "cell_clip": 3, "proj_clip": 3, "use_skip_connections": True},
+            "lstm": {
+                "dim": 128,
+                "projection_dim": 64,
+                "n_layers": 2,
+                "cell_clip": 3,
+                "proj_clip": 3,
+                "use_skip_connections": True,
+            },
             "char_cnn": {
                 "embedding": {"dim": 8},
                 "filters": [[1, 16], [2, 16], [3, 32], [4, 32]],

@@ -30,7 +30,9 @@ def tf_names(config: ModelConfig) -> dict[tuple[str, ...], str]:
     for layer in range(config.lstm.n_layers):
         for ours, theirs in (("W_0", "kernel"), ("B", "bias"), ("W_P_0", "projection/kernel")):
             for d in range(2):
-                names[("lstm", f"layer_{layer}", ours, str(d))] = f"lm/RNN_{d}/rnn/multi_rnn_cell/cell_{layer}/lstm_cell/{theirs}"
+                names[("lstm", f"layer_{layer}", ours, str(d))] = (
+                    f"lm/RNN_{d}/rnn/multi_rnn_cell/cell_{layer}/lstm_cell/{theirs}"
+                )
     names[("softmax", "W")] = "lm/softmax/W"
     names[("softmax", "b")] = "lm/softmax/b"
     return names
@@ -122,21 +124,32 @@ def load(folder: Path, dropout: float | None = None) -> Recorded:
             all_clip_norm_val=options["all_clip_norm_val"],
             learning_rate=options["learning_rate"],
         )
-        values = {"initial": params_from_tf(f["initial"], config, 0.0), "initial_acc": params_from_tf(f["initial/adagrad_accumulator"], config, 1.0)}
+        values = {
+            "initial": params_from_tf(f["initial"], config, 0.0),
+            "initial_acc": params_from_tf(f["initial/adagrad_accumulator"], config, 1.0),
+        }
         steps = []
         for k in range(1, int(f.attrs["n_steps"]) + 1):
             g = f[f"step_{k}"]
-            steps.append({
-                "batch": batch_from_tf(g, config.char_cnn.widest_filter),
-                "init_state": state_from_tf(g, "init_state"),
-                "final_state": state_from_tf(g, "final_state"),
-                "outputs": np.stack([g[f"lstm_outputs/{d}"][...] for d in DIRECTIONS]),
-                "metrics": {key: float(g[key][()]) for key in ("loss", "loss_forward", "loss_backward", "grad_norm")},
-                "params": params_from_tf(g["after"], config, 0.0),
-                "acc": params_from_tf(g["after/adagrad_accumulator"], config, 1.0),
-            })
-        raw_chars = {tuple(row) for s in range(1, len(steps) + 1) for key in ("tokens_characters", "tokens_characters_reverse")
-                     for row in f[f"step_{s}/batch/{key}"][...].reshape(-1, 50)}
+            steps.append(
+                {
+                    "batch": batch_from_tf(g, config.char_cnn.widest_filter),
+                    "init_state": state_from_tf(g, "init_state"),
+                    "final_state": state_from_tf(g, "final_state"),
+                    "outputs": np.stack([g[f"lstm_outputs/{d}"][...] for d in DIRECTIONS]),
+                    "metrics": {
+                        key: float(g[key][()]) for key in ("loss", "loss_forward", "loss_backward", "grad_norm")
+                    },
+                    "params": params_from_tf(g["after"], config, 0.0),
+                    "acc": params_from_tf(g["after/adagrad_accumulator"], config, 1.0),
+                }
+            )
+        raw_chars = {
+            tuple(row)
+            for s in range(1, len(steps) + 1)
+            for key in ("tokens_characters", "tokens_characters_reverse")
+            for row in f[f"step_{s}/batch/{key}"][...].reshape(-1, 50)
+        }
     return Recorded(config, hp, values, steps, raw_chars, (folder / "train.txt").read_text(encoding="utf-8").split())
 
 
@@ -146,5 +159,8 @@ def start_state(config: ModelConfig, hp: TrainHParams, values: dict) -> TrainSta
     dense_acc = {k: v for k, v in values["initial_acc"].items() if k != "softmax"}
     rss = state.opt_state["dense"][0]
     assert jax.tree.structure(rss.sum_of_squares) == jax.tree.structure(dense_acc)
-    opt_state = {"dense": (rss._replace(sum_of_squares=dense_acc), *state.opt_state["dense"][1:]), "softmax": values["initial_acc"]["softmax"]}
+    opt_state = {
+        "dense": (rss._replace(sum_of_squares=dense_acc), *state.opt_state["dense"][1:]),
+        "softmax": values["initial_acc"]["softmax"],
+    }
     return state.replace(params=values["initial"], opt_state=opt_state)

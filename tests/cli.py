@@ -19,7 +19,9 @@ def run_cli(args, env_update: dict | None = None, **kwargs) -> subprocess.Comple
 
 def start_cli(args) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(launch_args(*args), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        launch_args(*args), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, status: int, *fragments: str) -> None:

@@ -90,5 +90,8 @@ def test_dropping_padding_columns_keeps_every_token_vector():
     full = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False))
     assert cut["chars"].shape[1] == 32 and full["chars"].shape[1] == 50  # 22 + 7, rounded to 8
     np.testing.assert_array_equal(cut["chars"], full["chars"][:, :32])
-    np.testing.assert_allclose(encode(params["token_encoder"], cut["chars"], config),
-                               encode(params["token_encoder"], full["chars"], config), atol=1e-6)
+    np.testing.assert_allclose(
+        encode(params["token_encoder"], cut["chars"], config),
+        encode(params["token_encoder"], full["chars"], config),
+        atol=1e-6,
+    )

@@ -44,20 +44,28 @@ def test_four_steps_match_bilm_tf_training(recorded):
     for k, rec in enumerate(steps, start=1):
         for got, want in zip(state.lstm_state, rec["init_state"]):
             np.testing.assert_allclose(got, want, **TOL, err_msg=f"step {k} initial state")
-        np.testing.assert_allclose(top(state.params, rec["batch"], state.lstm_state), rec["outputs"], **TOL, err_msg=f"step {k} outputs")
+        np.testing.assert_allclose(
+            top(state.params, rec["batch"], state.lstm_state), rec["outputs"], **TOL, err_msg=f"step {k} outputs"
+        )
         state, metrics = train_step(state, rec["batch"])
         for key, value in rec["metrics"].items():
             np.testing.assert_allclose(float(metrics[key]), value, **TOL, err_msg=f"step {k} {key}")
         np.testing.assert_allclose(state.lstm_state.h, rec["final_state"][0], **TOL, err_msg=f"step {k} final h")
         np.testing.assert_allclose(state.lstm_state.c, rec["final_state"][1], **TOL, err_msg=f"step {k} final c")
         jax.tree.map_with_path(
-            lambda path, got, want: np.testing.assert_allclose(got, want, **TOL, err_msg=f"step {k} {jax.tree_util.keystr(path)}"),
-            state.params, rec["params"],
+            lambda path, got, want: np.testing.assert_allclose(
+                got, want, **TOL, err_msg=f"step {k} {jax.tree_util.keystr(path)}"
+            ),
+            state.params,
+            rec["params"],
         )
         accumulators = {**state.opt_state["dense"][0].sum_of_squares, "softmax": state.opt_state["softmax"]}
         jax.tree.map_with_path(
-            lambda path, got, want: np.testing.assert_allclose(got, want, **TOL, err_msg=f"step {k} accumulator {jax.tree_util.keystr(path)}"),
-            accumulators, rec["acc"],
+            lambda path, got, want: np.testing.assert_allclose(
+                got, want, **TOL, err_msg=f"step {k} accumulator {jax.tree_util.keystr(path)}"
+            ),
+            accumulators,
+            rec["acc"],
         )
 
 
@@ -65,6 +73,11 @@ def test_without_the_unroll_steps_factor_the_params_are_off(recorded):
     """The same first step on the gradient of the mean loss alone (unroll_steps 1) misses the
     recorded params by far more than the tolerance: the fixture sees the factor."""
     config, hp, values, steps, *_ = recorded
-    state, _ = make_train_step(config, dataclasses.replace(hp, unroll_steps=1))(start_state(config, hp, values), steps[0]["batch"])
-    off = max(float(np.abs(np.asarray(got) - want).max()) for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(steps[0]["params"])))
+    state, _ = make_train_step(config, dataclasses.replace(hp, unroll_steps=1))(
+        start_state(config, hp, values), steps[0]["batch"]
+    )
+    off = max(
+        float(np.abs(np.asarray(got) - want).max())
+        for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(steps[0]["params"]))
+    )
     assert off > 1e-2

@@ -23,7 +23,9 @@ def straight(tmp_path_factory, text_data):
 
 
 def _largest_file(folder):
-    return max((p for p in folder.rglob("*") if p.is_file() and p.name != "checksums.json"), key=lambda p: p.stat().st_size)
+    return max(
+        (p for p in folder.rglob("*") if p.is_file() and p.name != "checksums.json"), key=lambda p: p.stat().st_size
+    )
 
 
 def _delete(step_dir):
@@ -47,7 +49,9 @@ def _empty(step_dir):
         p.rmdir() if p.is_dir() else p.unlink()
 
 
-@pytest.mark.parametrize("damage", [_delete, _truncate, _flip_bit, _empty], ids=["deleted", "truncated", "bit-flip", "empty"])
+@pytest.mark.parametrize(
+    "damage", [_delete, _truncate, _flip_bit, _empty], ids=["deleted", "truncated", "bit-flip", "empty"]
+)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, text_data, straight, damage, caplog):
     train(tiny_config(text_data, max_steps=8), tmp_path)  # checkpoints at 4 and 8
     damage(tmp_path / "checkpoints" / "8")
@@ -70,13 +74,18 @@ def test_non_finite_state_is_never_saved(tmp_path, text_data, monkeypatch):
         def step(state, batch):
             state, metrics = step_fn(state, batch)
             poison = jnp.where(state.step == 8, jnp.nan, 0.0)
-            params = {**state.params, "softmax": {**state.params["softmax"], "b": state.params["softmax"]["b"] + poison}}
+            params = {
+                **state.params,
+                "softmax": {**state.params["softmax"], "b": state.params["softmax"]["b"] + poison},
+            }
             return state.replace(params=params), metrics
 
         return step
 
     monkeypatch.setattr(loop, "make_train_step", nan_at_step_8)
-    with pytest.raises(TrainingDiverged, match=r"step 8: the update left non-finite .* latest checkpoint \(step 4\).*learning_rate"):
+    with pytest.raises(
+        TrainingDiverged, match=r"step 8: the update left non-finite .* latest checkpoint \(step 4\).*learning_rate"
+    ):
         train(tiny_config(text_data, max_steps=12), tmp_path)
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4]
     assert max(losses(tmp_path)) == 8  # its loss was finite: the update made the NaN
@@ -88,7 +97,9 @@ def test_eval_of_a_non_finite_model_fails(tmp_path, text_data, monkeypatch):
 
     train(tiny_config(text_data, max_steps=4), tmp_path)
     real = evaluate_run.evaluate
-    monkeypatch.setattr(evaluate_run, "evaluate", lambda params, *a, **k: real(jax.tree.map(lambda x: x * np.nan, params), *a, **k))
+    monkeypatch.setattr(
+        evaluate_run, "evaluate", lambda params, *a, **k: real(jax.tree.map(lambda x: x * np.nan, params), *a, **k)
+    )
     with pytest.raises(RunFailed, match="perplexity is not finite"):
         evaluate_workdir(tmp_path)
 
@@ -99,7 +110,9 @@ def test_a_changed_or_half_written_vocabulary_is_refused(tmp_path, text_data):
     text = path.read_text()
     path.write_text(text[: len(text) // 2])  # cut mid-file, as a full disk leaves it
     words = len(text.splitlines())
-    with pytest.raises(UserError, match=rf"vocab.txt \(\d+ words, .*\) is not the vocabulary this run recorded .*\({words} words"):
+    with pytest.raises(
+        UserError, match=rf"vocab.txt \(\d+ words, .*\) is not the vocabulary this run recorded .*\({words} words"
+    ):
         train(tiny_config(text_data, max_steps=8), tmp_path)
     with pytest.raises(UserError, match="is not the vocabulary this run recorded"):
         evaluate_workdir(tmp_path)

@@ -41,7 +41,12 @@ def test_differences_name_the_fields():
         ("lstm", "cell_clip", -3, r"lstm.cell_clip is -3; it must be a positive number or null"),
         ("lstm", "proj_clip", "3", r'lstm.proj_clip is "3"; it must be a positive number or null'),
         ("char_cnn", "n_highway", -1, r"char_cnn.n_highway is -1; it must be an integer >= 0"),
-        ("char_cnn", "filters", [[1, 32], [2, "32"]], r"char_cnn.filters is .*; it must be a non-empty list of \[width, count\]"),
+        (
+            "char_cnn",
+            "filters",
+            [[1, 32], [2, "32"]],
+            r"char_cnn.filters is .*; it must be a non-empty list of \[width, count\]",
+        ),
         ("char_cnn", "filters", [], r"char_cnn.filters is \[\]"),
         ("char_cnn", "max_characters_per_token", 5, r"filter width 6 exceeds max_characters_per_token 5"),
         ("char_cnn", "activation", "gelu", r'char_cnn.activation is "gelu"; it must be one of'),
@@ -85,6 +90,9 @@ def test_bilm_tf_training_char_count_is_the_same_table_with_a_padding_row():
 
 @pytest.mark.parametrize("value", [263, 256, "261", True])
 def test_other_char_counts_are_refused(value):
-    options = {**PUBLISHED_OPTIONS["small"], "char_cnn": {**PUBLISHED_OPTIONS["small"]["char_cnn"], "n_characters": value}}
+    options = {
+        **PUBLISHED_OPTIONS["small"],
+        "char_cnn": {**PUBLISHED_OPTIONS["small"]["char_cnn"], "n_characters": value},
+    }
     with pytest.raises(ValueError, match=r"char_cnn.n_characters must be 262 \(or 261"):
         ModelConfig.from_options(options)

@@ -195,7 +195,9 @@ def test_bilm_tf_published_file_names_load(tmp_path, elmo_dir, model):
     jax.tree.map(np.testing.assert_array_equal, loaded.params, model.params)
     assert model_options(folder) == model.config.to_options()
     shutil.copy(elmo_dir / "lm_weights.hdf5", folder / "lm_weights.hdf5")
-    with pytest.raises(UserError, match=r"several \*weights.hdf5 files \(elmo_2x4096.*_weights.hdf5, lm_weights.hdf5\)"):
+    with pytest.raises(
+        UserError, match=r"several \*weights.hdf5 files \(elmo_2x4096.*_weights.hdf5, lm_weights.hdf5\)"
+    ):
         load_model(folder)
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         load_model(tmp_path / "nowhere")

@@ -59,14 +59,24 @@ def test_the_embedder_equals_the_biLM_on_every_position(model):
 def test_a_second_embed_run_compiles_nothing(tmp_path, fixtures_dir):
     src = tmp_path / "in.txt"
     src.write_text("the river bank\n\na much longer sentence about the money in the bank\nshort\n")
-    model = ["--options", str(fixtures_dir / "elmo" / "options.json"), "--weights", str(fixtures_dir / "elmo" / "lm_weights.hdf5")]
+    model = [
+        "--options",
+        str(fixtures_dir / "elmo" / "options.json"),
+        "--weights",
+        str(fixtures_dir / "elmo" / "lm_weights.hdf5"),
+    ]
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     reports = []
     for run, extra in enumerate([[], [], ["--nocompile_cache"]]):
         args = ["embed", "--input", str(src), "--output", str(tmp_path / f"out{run}.h5"), *model, *extra]
         result = run_cli(args, env_update=env)
         assert result.returncode == 0, result.stderr
-        reports.append(re.search(r"(\d+) programs in [\d.]+ s \((\d+) compiled, (\d+) from the persistent cache\)", result.stdout + result.stderr))
+        reports.append(
+            re.search(
+                r"(\d+) programs in [\d.]+ s \((\d+) compiled, (\d+) from the persistent cache\)",
+                result.stdout + result.stderr,
+            )
+        )
     first, second, uncached = ([int(g) for g in r.groups()] for r in reports)
     assert first[1] > 0 and second == [first[0], 0, first[0]] and uncached[2] == 0
     assert any((tmp_path / "cache" / "elmo_jax" / "jax").iterdir())

@@ -71,7 +71,9 @@ def test_token_cache_matches_the_fixture(elmo_fixture):
     model = load_model(options=elmo_fixture / "options.json", weights=elmo_fixture / "lm_weights.hdf5")
     words = (elmo_fixture / "vocab_test.txt").read_text().split("\n")
     with h5py.File(elmo_fixture / "elmo_token_embeddings.hdf5") as f:
-        np.testing.assert_allclose(token_embeddings(model, words, batch_size=128), f["embedding"][...], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(
+            token_embeddings(model, words, batch_size=128), f["embedding"][...], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_stateless_vectors_do_not_depend_on_the_batch(elmo_fixture):
@@ -108,7 +110,11 @@ def test_embed_file_layout_order_and_bad_bytes(tmp_path, elmo_fixture, caplog):
     reported = re.search(r"5 sentences, 17 tokens in ([\d.]+) s: ([\d.]+) sentences/s, \d+ tokens/s", caplog.text)
     assert reported and float(reported[1]) <= took + 0.1 and float(reported[2]) >= 5 / took - 0.1
     embed_file(model, src, tmp_path / "avg.hdf5", "average", batch_size=2)
-    with h5py.File(tmp_path / "all.hdf5") as a, h5py.File(tmp_path / "top.hdf5") as t, h5py.File(tmp_path / "avg.hdf5") as m:
+    with (
+        h5py.File(tmp_path / "all.hdf5") as a,
+        h5py.File(tmp_path / "top.hdf5") as t,
+        h5py.File(tmp_path / "avg.hdf5") as m,
+    ):
         np.testing.assert_allclose(t["2"][...], a["2"][-1], atol=1e-6)
         np.testing.assert_allclose(m["2"][...], a["2"][...].mean(0), atol=1e-6)
         assert t["1"].shape == (0, 32)
@@ -155,7 +161,9 @@ def test_scalar_mix_with_and_without_layer_norm():
         valid = layer[mask]
         normed.append((layer - valid.mean()) / np.sqrt(valid.var() + 1e-13))
     mix.do_layer_norm = True
-    np.testing.assert_allclose(mix(layers, mask), 1.7 * np.einsum("l,lbtd->btd", w, np.stack(normed)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        mix(layers, mask), 1.7 * np.einsum("l,lbtd->btd", w, np.stack(normed)), rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_allclose(ScalarMix(3)(layers), layers.mean(0), rtol=1e-5)
     with pytest.raises(ValueError, match="ScalarMix of 3 layers got 2 initial scalar parameters"):
         ScalarMix(3, initial_scalar_parameters=[0.0, 1.0])

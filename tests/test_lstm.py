@@ -39,8 +39,20 @@ def numpy_stacks(params, x_DBTP, mask_BT, h0, c0, config, keep):
         p = params[f"layer_{layer}"]
         if keep is not None:
             layer_in = np.where(keep[layer], layer_in / (1.0 - RATE), 0.0)
-        runs = [numpy_lstm(p["W_0"][d], p["B"][d], p["W_P_0"][d], layer_in[d], mask_BT, h0[d, layer], c0[d, layer],
-                           cfg.cell_clip, cfg.proj_clip) for d in range(2)]
+        runs = [
+            numpy_lstm(
+                p["W_0"][d],
+                p["B"][d],
+                p["W_P_0"][d],
+                layer_in[d],
+                mask_BT,
+                h0[d, layer],
+                c0[d, layer],
+                cfg.cell_clip,
+                cfg.proj_clip,
+            )
+            for d in range(2)
+        ]
         out = np.stack([r[0] for r in runs])
         if cfg.use_skip_connections and layer > 0:
             out = np.where(mask_BT[None, :, :, None], out + layer_in, 0.0)
@@ -52,8 +64,10 @@ def numpy_stacks(params, x_DBTP, mask_BT, h0, c0, config, keep):
 
 
 def small_config(n_layers, skip):
-    return ModelConfig(LSTMConfig(8, 4, n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip),
-                       CharCNNConfig(4, ((1, 4),), 0, 262, 10, "relu"))
+    return ModelConfig(
+        LSTMConfig(8, 4, n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip),
+        CharCNNConfig(4, ((1, 4),), 0, 262, 10, "relu"),
+    )
 
 
 def random_case(n_layers, skip, seed=1):
@@ -62,7 +76,10 @@ def random_case(n_layers, skip, seed=1):
     config = small_config(n_layers, skip)
     B, T, C, P = 3, 7, config.lstm.dim, config.lstm.projection_dim
     f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
-    params = {f"layer_{layer}": {"W_0": f32(2, 2 * P, 4 * C), "B": f32(2, 4 * C), "W_P_0": f32(2, C, P)} for layer in range(n_layers)}
+    params = {
+        f"layer_{layer}": {"W_0": f32(2, 2 * P, 4 * C), "B": f32(2, 4 * C), "W_P_0": f32(2, C, P)}
+        for layer in range(n_layers)
+    }
     mask = np.ones((B, T), bool)
     mask[0, 2:4] = False
     mask[1, 5:] = False
@@ -100,7 +117,9 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=2)
     cfg = config.lstm
     st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, "float32")
-    stacked = [np.stack([params[f"layer_{layer}"][name] for layer in range(n_layers)]) for name in ("W_0", "B", "W_P_0")]
+    stacked = [
+        np.stack([params[f"layer_{layer}"][name] for layer in range(n_layers)]) for name in ("W_0", "B", "W_P_0")
+    ]
     keep_upper = None if n_layers == 1 else keep[1:n_layers]
     h0, c0 = np.swapaxes(state.h, 0, 1), np.swapaxes(state.c, 0, 1)
     rng = np.random.default_rng(3)
@@ -122,7 +141,6 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-
 def test_both_schedules_give_the_same_gradients():
     """The gradient of every layer's outputs and the final state with respect to the params,
     the inputs and the initial state: the wavefront against one loop per layer."""
@@ -132,7 +150,9 @@ def test_both_schedules_give_the_same_gradients():
 
     def grads(schedule):
         def loss(params, x, state):
-            out, new = lstm_stacks(params, x, mask, state, dataclasses.replace(config, lstm_schedule=schedule), keep, RATE)
+            out, new = lstm_stacks(
+                params, x, mask, state, dataclasses.replace(config, lstm_schedule=schedule), keep, RATE
+            )
             return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
 
         return jax.tree.leaves(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params, x, state))

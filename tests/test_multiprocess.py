@@ -21,12 +21,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def train_args(text_data: Path, workdir: Path, max_steps: int) -> list[str]:
     return [
-        sys.executable, str(ROOT / "launch.py"), "train", "--config=experiments/demo.py", f"--workdir={workdir}",
-        f"--config.data.train=text:{text_data / 'train.txt'}", f"--config.data.heldout=text:{text_data / 'heldout.txt'}",
-        f"--config.train.max_steps={max_steps}", "--config.train.n_epochs=100", "--config.train.checkpoint_every=3",
-        "--config.train.per_device_batch_size=2", "--config.train.unroll_steps=5",
-        "--config.train.n_negative_samples_batch=32", "--config.train.log_every=1", "--config.train.eval_every=0",
-        "--config.train.eval_batch_size=8", "--config.model.lstm.dim=32", "--config.model.lstm.projection_dim=8",
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "train",
+        "--config=experiments/demo.py",
+        f"--workdir={workdir}",
+        f"--config.data.train=text:{text_data / 'train.txt'}",
+        f"--config.data.heldout=text:{text_data / 'heldout.txt'}",
+        f"--config.train.max_steps={max_steps}",
+        "--config.train.n_epochs=100",
+        "--config.train.checkpoint_every=3",
+        "--config.train.per_device_batch_size=2",
+        "--config.train.unroll_steps=5",
+        "--config.train.n_negative_samples_batch=32",
+        "--config.train.log_every=1",
+        "--config.train.eval_every=0",
+        "--config.train.eval_batch_size=8",
+        "--config.model.lstm.dim=32",
+        "--config.model.lstm.projection_dim=8",
         "--config.model.char_cnn.embedding.dim=4",
     ]
 
@@ -44,9 +56,19 @@ def free_port() -> int:
 def start_processes(args: list[str], n: int, devices_each: int) -> list[subprocess.Popen]:
     """Starts `args` as n processes of one run (a plain run when n is 1)."""
     port = free_port()
-    extra = [[f"--coordinator=127.0.0.1:{port}", f"--num_processes={n}", f"--process_id={i}", "--coordinator_timeout=60"] for i in range(n)]
+    extra = [
+        [f"--coordinator=127.0.0.1:{port}", f"--num_processes={n}", f"--process_id={i}", "--coordinator_timeout=60"]
+        for i in range(n)
+    ]
     return [
-        subprocess.Popen(args + (e if n > 1 else []), env=env(devices_each), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            args + (e if n > 1 else []),
+            env=env(devices_each),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for e in extra
     ]
 
@@ -102,7 +124,10 @@ def test_sigterm_to_one_process_saves_the_same_step_in_all(tmp_path, text_data):
 def test_an_unreachable_coordinator_fails_naming_it(tmp_path, text_data):
     port = free_port()
     args = train_args(text_data, tmp_path, 2) + [
-        f"--coordinator=127.0.0.1:{port}", "--num_processes=2", "--process_id=1", "--coordinator_timeout=2",
+        f"--coordinator=127.0.0.1:{port}",
+        "--num_processes=2",
+        "--process_id=1",
+        "--coordinator_timeout=2",
     ]
     result = subprocess.run(args, env=env(2), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0

@@ -54,13 +54,17 @@ def test_commands_refuse_to_overwrite_their_inputs_and_existing_outputs(tmp_path
     corpus.write_text("the river bank\nthe money bank\n")
     result = run_cli(["vocab", f"--data=text:{corpus}", f"--out={corpus}", "--overwrite"])
     assert_one_line_error(result, 2, "--out", "corpus.txt", "input")
-    result = run_cli(["embed", f"--input={corpus}", f"--output={corpus}", "--options=x.json", "--weights=y.hdf5", "--overwrite"])
+    result = run_cli(
+        ["embed", f"--input={corpus}", f"--output={corpus}", "--options=x.json", "--weights=y.hdf5", "--overwrite"]
+    )
     assert_one_line_error(result, 2, "--output", "corpus.txt", "input")
     assert corpus.read_text() == "the river bank\nthe money bank\n"
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("mine\n")
-    assert_one_line_error(run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}"]), 2, "already exists", "--overwrite")
+    assert_one_line_error(
+        run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}"]), 2, "already exists", "--overwrite"
+    )
     assert vocab.read_text() == "mine\n"
     assert run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}", "--overwrite"]).returncode == 0
     assert vocab.read_text().splitlines()[:4] == ["<S>", "</S>", "<UNK>", "bank"]
@@ -73,7 +77,9 @@ def random_model(tmp_path_factory):
     options = tiny_options(64, 16, 8, [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]])
     (folder / "options.json").write_text(json.dumps(options))
     config = ModelConfig.from_options(options)
-    save_weights(folder / "weights.hdf5", jax.tree.map(np.asarray, init_params(jax.random.key(0), config, None)), config)
+    save_weights(
+        folder / "weights.hdf5", jax.tree.map(np.asarray, init_params(jax.random.key(0), config, None)), config
+    )
     return folder
 
 
@@ -102,7 +108,9 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     out.write_bytes(b"the old output")
     killed = []
     for seed in range(3):
-        killed.append(_kill_while_writing(["embed", f"--input={src}", f"--output={out}", "--overwrite", *model], out, seed))
+        killed.append(
+            _kill_while_writing(["embed", f"--input={src}", f"--output={out}", "--overwrite", *model], out, seed)
+        )
         if out.read_bytes() != b"the old output":
             with h5py.File(out) as f:
                 assert len(f) == 2401  # 2,400 lines and sentence_to_index: complete

@@ -62,13 +62,19 @@ def test_8_devices_equal_1_device(data, shard_softmax, sample_softmax):
     assert W.sharding.shard_shape(W.shape)[0] == (W.shape[0] // 8 if shard_softmax else V)
 
 
-def compiled_step(vocab_size: int, shard_softmax: bool, config: ModelConfig = CONFIG, per_device: int = 2, unroll: int = 5) -> str:
+def compiled_step(
+    vocab_size: int, shard_softmax: bool, config: ModelConfig = CONFIG, per_device: int = 2, unroll: int = 5
+) -> str:
     """HLO text of the train step compiled for 8 devices (nothing allocated)."""
     parallel = DataParallel(8)
     rows = round_up(vocab_size, 8) if shard_softmax else vocab_size
-    hp = TrainHParams(batch_size=per_device, unroll_steps=unroll, n_tokens_vocab=vocab_size, n_negative_samples_batch=64)
+    hp = TrainHParams(
+        batch_size=per_device, unroll_steps=unroll, n_tokens_vocab=vocab_size, n_negative_samples_batch=64
+    )
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, 8 * per_device, rows))
-    step = make_train_step(config, hp, parallel=parallel, state_shardings=parallel.state_shardings(abstract, shard_softmax))
+    step = make_train_step(
+        config, hp, parallel=parallel, state_shardings=parallel.state_shardings(abstract, shard_softmax)
+    )
     batch = parallel.abstract_batch(8 * per_device, unroll, 64, config.char_cnn.max_characters_per_token)
     return step.lower(abstract, batch).compile().as_text()
 

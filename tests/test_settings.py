@@ -52,7 +52,9 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, text_data, key, valu
 
 
 def test_negatives_must_be_fewer_than_the_vocabulary(tmp_path, text_data):
-    with pytest.raises(UserError, match=r"n_negative_samples_batch=100000 must be smaller than the vocabulary \(\d+ words\)"):
+    with pytest.raises(
+        UserError, match=r"n_negative_samples_batch=100000 must be smaller than the vocabulary \(\d+ words\)"
+    ):
         train(tiny_config(text_data, n_negative_samples_batch=100_000, max_steps=2), tmp_path)
 
 
@@ -73,11 +75,19 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
     options = json.loads((fixtures_dir / "elmo" / "options.json").read_text())
     options["lstm"]["use_skip_connections"] = "false"
     (tmp_path / "options.json").write_text(json.dumps(options))
-    result = run_cli(["import", f"--options={tmp_path / 'options.json'}", f"--weights={fixtures_dir / 'elmo' / 'lm_weights.hdf5'}",
-                      f"--out={tmp_path / 'out'}"])
-    assert_one_line_error(result, 2, "options.json: lstm.use_skip_connections is \"false\"; it must be true or false")
+    result = run_cli(
+        [
+            "import",
+            f"--options={tmp_path / 'options.json'}",
+            f"--weights={fixtures_dir / 'elmo' / 'lm_weights.hdf5'}",
+            f"--out={tmp_path / 'out'}",
+        ]
+    )
+    assert_one_line_error(result, 2, 'options.json: lstm.use_skip_connections is "false"; it must be true or false')
 
-    result = run_cli(["train", "--config=experiments/demo.py", f"--workdir={tmp_path / 'w'}", "--config.train.dropout=2.0"])
+    result = run_cli(
+        ["train", "--config=experiments/demo.py", f"--workdir={tmp_path / 'w'}", "--config.train.dropout=2.0"]
+    )
     assert_one_line_error(result, 2, "config.train.dropout=2.0: must be in [0, 1)")
 
     (tmp_path / "bad.py").write_text("def get_config(:\n")
@@ -91,7 +101,17 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
     (tmp_path / "w2" / "checkpoints").mkdir()
     assert_one_line_error(run_cli(["eval", f"--workdir={tmp_path / 'w2'}"]), 2, "config.json: not valid JSON")
 
-    assert_one_line_error(run_cli(["embed", f"--input={tmp_path / 'none.txt'}", f"--output={tmp_path / 'o.h5'}",
-                                   f"--workdir={tmp_path / 'w2'}"]), 2, "config.json: not valid JSON")
+    assert_one_line_error(
+        run_cli(
+            [
+                "embed",
+                f"--input={tmp_path / 'none.txt'}",
+                f"--output={tmp_path / 'o.h5'}",
+                f"--workdir={tmp_path / 'w2'}",
+            ]
+        ),
+        2,
+        "config.json: not valid JSON",
+    )
     verbose = run_cli(["eval", f"--workdir={tmp_path / 'w2'}", "--verbose"])
     assert verbose.returncode != 0 and "Traceback" in verbose.stderr

@@ -28,7 +28,9 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     here with the whole table differentiated."""
     train, _, vocab = demo
     config = ModelConfig.from_options(TINY)
-    hp = TrainHParams(batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64, all_clip_norm_val=0.1)
+    hp = TrainHParams(
+        batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64, all_clip_norm_val=0.1
+    )
     state = init_train_state(jax.random.key(0), config, hp, 4)
     batch = next(StreamBatcher(train, vocab, 4, 5, seed=0))
     params0 = jax.tree.map(np.array, state.params)
@@ -36,8 +38,12 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     k_dropout, k_sample = jax.random.split(rng)
     used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, len(vocab))
     # The same sample, indexing the whole table.
-    whole = used._replace(rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets])
-    objective = lambda p: hp.unroll_steps * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0]  # noqa: E731
+    whole = used._replace(
+        rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets]
+    )
+    objective = lambda p: (
+        hp.unroll_steps * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0]
+    )  # noqa: E731
     grads = jax.jit(jax.grad(objective))(state.params)
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
     assert norm > hp.all_clip_norm_val  # so the clip is exercised
@@ -53,7 +59,9 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     touched[np.asarray(used.rows)[np.asarray(used.rows) < len(vocab)]] = True
     assert 0 < touched.sum() < len(vocab) / 2  # the test covers both kinds of rows
     np.testing.assert_array_equal(new_state.params["softmax"]["W"][~touched], params0["softmax"]["W"][~touched])
-    np.testing.assert_allclose(new_state.opt_state["softmax"]["W"], 1.0 + (np.asarray(grads["softmax"]["W"]) * scale) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(
+        new_state.opt_state["softmax"]["W"], 1.0 + (np.asarray(grads["softmax"]["W"]) * scale) ** 2, rtol=1e-6
+    )
     # Same types in and out (no weak types), so the jitted step compiles once.
     avals = lambda s: [(x.dtype, x.shape, x.weak_type) for x in jax.tree.leaves(s)]  # noqa: E731
     assert avals(jax.eval_shape(lambda: new_state)) == avals(jax.eval_shape(lambda: state))
@@ -72,8 +80,10 @@ def test_a_few_hundred_steps_cut_heldout_perplexity(demo):
     for _ in range(300):
         state, metrics = step(state, next(batcher))
     after = evaluate(state.params, heldout, vocab, config, batch_size=32, max_sentences=300)
-    print(f"held-out perplexity {before['perplexity']:.0f} -> {after['perplexity']:.1f} "
-          f"(floor {grammar().floor_perplexity:.1f})")
+    print(
+        f"held-out perplexity {before['perplexity']:.0f} -> {after['perplexity']:.1f} "
+        f"(floor {grammar().floor_perplexity:.1f})"
+    )
     assert before["perplexity"] > 0.5 * len(vocab)  # an untrained model is near uniform
     assert after["perplexity"] < before["perplexity"] / 5
     assert np.isfinite(float(metrics["loss"]))

@@ -41,8 +41,19 @@ def tiny_config(text_data, **train):
         config.model = TINY_MODEL
         config.data.train = f"text:{text_data / 'train.txt'}"
         config.data.heldout = f"text:{text_data / 'heldout.txt'}"
-        for key, value in {**dict(per_device_batch_size=4, devices=1, unroll_steps=5, n_negative_samples_batch=32, log_every=1,
-                                  eval_every=0, eval_batch_size=8, checkpoint_every=4), **train}.items():
+        for key, value in {
+            **dict(
+                per_device_batch_size=4,
+                devices=1,
+                unroll_steps=5,
+                n_negative_samples_batch=32,
+                log_every=1,
+                eval_every=0,
+                eval_batch_size=8,
+                checkpoint_every=4,
+            ),
+            **train,
+        }.items():
             setattr(config.train, key, value)
     return config
 
@@ -106,7 +117,9 @@ def test_epochs_derive_the_run_length(tmp_path, text_data):
     result = train(tiny_config(text_data, n_epochs=1.0, checkpoint_every=1000), tmp_path)
     positions = sum(len(line.split()) + 1 for line in (text_data / "train.txt").read_text().splitlines())
     assert max(losses(tmp_path)) == -(-positions // (4 * 5))
-    assert result["tokens"] == sum(len(line.split()) + 1 for line in (text_data / "heldout.txt").read_text().splitlines())
+    assert result["tokens"] == sum(
+        len(line.split()) + 1 for line in (text_data / "heldout.txt").read_text().splitlines()
+    )
 
 
 def test_a_workdir_of_another_model_fails_naming_the_fields(tmp_path, text_data):
@@ -153,7 +166,9 @@ def test_invalid_utf8_is_replaced_and_counted(tmp_path, caplog):
 
 def run_cli(args, **kwargs):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True, env=env, cwd=ROOT, **kwargs)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True, env=env, cwd=ROOT, **kwargs
+    )
 
 
 def test_unknown_override_lists_the_valid_keys():
@@ -256,7 +271,9 @@ def test_fine_tuning_starts_from_the_model_and_keeps_known_words(tmp_path, text_
     saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
     assert saved["model"]["lstm"]["dim"] == 32 and saved["train"]["init_from"] == str(tmp_path / "base")
     with pytest.raises(ValueError, match="another architecture.*lstm.dim: 48 != 32"):
-        warm_start(fresh, vocab, base, dataclasses.replace(base.config, lstm=dataclasses.replace(base.config.lstm, dim=48)))
+        warm_start(
+            fresh, vocab, base, dataclasses.replace(base.config, lstm=dataclasses.replace(base.config.lstm, dim=48))
+        )
 
 
 def test_a_vocabulary_that_does_not_fit_the_checkpoint_fails_naming_both_sizes(tmp_path, text_data):

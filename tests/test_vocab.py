@@ -65,12 +65,28 @@ def test_vocab_command_counts_a_stream_in_bilm_tf_order(tmp_path):
     (tmp_path / "part-1.txt").write_text("the a b\nthe a b c\n\n")
     (tmp_path / "part-2.txt").write_text("the a b\nthe a b c d\nthe\n")
     result = subprocess.run(
-        [sys.executable, str(root / "launch.py"), "vocab", f"--data=text:{tmp_path}/part-*.txt", "--min-count=2",
-         f"--out={tmp_path / 'vocab.txt'}"],
-        capture_output=True, text=True, cwd=root,
+        [
+            sys.executable,
+            str(root / "launch.py"),
+            "vocab",
+            f"--data=text:{tmp_path}/part-*.txt",
+            "--min-count=2",
+            f"--out={tmp_path / 'vocab.txt'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "vocab.txt").read_text().split("\n") == ["<S>", "</S>", "<UNK>", "the", "a", "b", "c", ""]
     stats = json.loads(result.stdout.strip().splitlines()[-1])
-    assert stats == {"sentences": 5, "tokens": 16, "types": 5, "vocabulary": 7, "min_count": 2, "oov_tokens": 1, "oov_rate": 1 / 16}
+    assert stats == {
+        "sentences": 5,
+        "tokens": 16,
+        "types": 5,
+        "vocabulary": 7,
+        "min_count": 2,
+        "oov_tokens": 1,
+        "oov_rate": 1 / 16,
+    }
     assert "out-of-vocabulary tokens 6.250%" in result.stdout

@@ -70,7 +70,9 @@ def load_weights(path: str | Path, config: ModelConfig) -> Params:
             for i in range(len(cnn.filters))
         },
         "highway": {
-            f"layer_{k}": {name: data[f"CNN_high_{k}/{name}"] for name in ("W_carry", "b_carry", "W_transform", "b_transform")}
+            f"layer_{k}": {
+                name: data[f"CNN_high_{k}/{name}"] for name in ("W_carry", "b_carry", "W_transform", "b_transform")
+            }
             for k in range(cnn.n_highway)
         },
         "proj": {"W": data["CNN_proj/W_proj"], "b": data["CNN_proj/b_proj"]},

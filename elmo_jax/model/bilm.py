@@ -97,7 +97,12 @@ def bilm_layers(
 
 
 def layers_of_tokens(
-    lstm_params: Params, tokens_BTP: jax.Array, mask_BT: jax.Array, state: LSTMState, config: ModelConfig, unroll: int = 1
+    lstm_params: Params,
+    tokens_BTP: jax.Array,
+    mask_BT: jax.Array,
+    state: LSTMState,
+    config: ModelConfig,
+    unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """The token vector at each position (B, T, P) of left-aligned sentences with `<S>`/`</S>`
     in place, and their mask (B, T) -> every layer (L + 1, B, T, 2P) as `bilm_layers` gives

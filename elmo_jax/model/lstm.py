@@ -184,7 +184,9 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
     h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, out, buffers), unroll=st.unroll)
     if residuals:
         h_raw_LDBSP, in_LDBSP = buffers[0], buffers[3] if L > 1 else x_DBSP[None]
-        out_LDBSP = _layer_outputs(_clip(h_raw_LDBSP, st.clips.proj), in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None])
+        out_LDBSP = _layer_outputs(
+            _clip(h_raw_LDBSP, st.clips.proj), in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None]
+        )
         return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
     return (_unskew(buffers[0], T, axis=3), h, c), None
 
@@ -230,7 +232,9 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
 
     def step(i, carry):
         s = S - 1 - i
-        d_h, d_c, d_above, buffers = carry  # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer)
+        d_h, d_c, d_above, buffers = (
+            carry  # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer)
+        )
         acts, c_raw, h_raw = _at_slot(acts_LDBSG, s), _at_slot(c_raw_LDBSC, s), _at_slot(h_raw_LDBSP, s)
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
@@ -256,7 +260,9 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         return d_h_prev, d_c_prev, d_above, buffers
 
-    buffers = (jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP)) + ((jnp.zeros_like(in_LDBSP[:1]),) if L > 1 else ())
+    buffers = (jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP)) + (
+        (jnp.zeros_like(in_LDBSP[:1]),) if L > 1 else ()
+    )
     carry = (d_h, d_c, jnp.zeros_like(d_h) if L > 1 else None, buffers)
     d_h0, d_c0, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
     d_gates_LDBSG, d_h_raw_LDBSP = buffers[:2]
@@ -297,7 +303,11 @@ def lstm_stacks(
     """
     cfg = config.lstm
     st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
-    groups = [range(cfg.n_layers)] if schedule(config) == "wavefront" else [range(layer, layer + 1) for layer in range(cfg.n_layers)]
+    groups = (
+        [range(cfg.n_layers)]
+        if schedule(config) == "wavefront"
+        else [range(layer, layer + 1) for layer in range(cfg.n_layers)]
+    )
     outputs, hs, cs, layer_in = [], [], [], x_2BTP
     for layers in groups:  # one time loop each
         first, L = layers[0], len(layers)
@@ -313,11 +323,13 @@ def lstm_stacks(
         hs.append(h)
         cs.append(c)
         layer_in = out[-1]
-    return jnp.concatenate(outputs), LSTMState(jnp.swapaxes(jnp.concatenate(hs), 0, 1), jnp.swapaxes(jnp.concatenate(cs), 0, 1))
+    return jnp.concatenate(outputs), LSTMState(
+        jnp.swapaxes(jnp.concatenate(hs), 0, 1), jnp.swapaxes(jnp.concatenate(cs), 0, 1)
+    )
 
 
 def schedule(config: ModelConfig) -> str:
-    """"wavefront" or "layers": config.lstm_schedule, with "auto" resolved for the default
+    """ "wavefront" or "layers": config.lstm_schedule, with "auto" resolved for the default
     backend (layers on CPU, where weight traffic bounds the loops of the published sizes)."""
     if config.lstm_schedule != "auto":
         return config.lstm_schedule

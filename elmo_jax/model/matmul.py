@@ -17,7 +17,9 @@ def result_type(dtype: str):
 
 
 def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(jnp.float32)
+    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(
+        jnp.float32
+    )
 
 
 def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:

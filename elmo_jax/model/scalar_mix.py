@@ -34,9 +34,15 @@ class ScalarMix(nnx.Module):
         initial_scalar_parameters: Sequence[float] | None = None,
         trainable: bool = True,
     ):
-        s = jnp.zeros((num_layers,)) if initial_scalar_parameters is None else jnp.asarray(initial_scalar_parameters, jnp.float32)
+        s = (
+            jnp.zeros((num_layers,))
+            if initial_scalar_parameters is None
+            else jnp.asarray(initial_scalar_parameters, jnp.float32)
+        )
         if s.shape != (num_layers,):
-            raise ValueError(f"ScalarMix of {num_layers} layers got {s.shape[0] if s.ndim else 0} initial scalar parameters")
+            raise ValueError(
+                f"ScalarMix of {num_layers} layers got {s.shape[0] if s.ndim else 0} initial scalar parameters"
+            )
         kind = nnx.Param if trainable else Frozen
         self.num_layers, self.do_layer_norm = num_layers, do_layer_norm
         self.scalar_parameters = kind(s)

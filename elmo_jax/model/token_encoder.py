@@ -58,8 +58,12 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
     for i in range(len(config.char_cnn.filters)):
         f = params["cnn"][f"filter_{i}"]
         y_NWn = jax.lax.conv_general_dilated(
-            x_NCD, f["W"].astype(dtype), window_strides=(1,), padding="VALID",
-            dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=result_type(dtype),
+            x_NCD,
+            f["W"].astype(dtype),
+            window_strides=(1,),
+            padding="VALID",
+            dimension_numbers=("NWC", "WIO", "NWC"),
+            preferred_element_type=result_type(dtype),
         )
         pooled.append(activation(jnp.max(y_NWn, axis=1) + f["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)

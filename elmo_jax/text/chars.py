@@ -22,10 +22,7 @@ def encode_tokens(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:
     """Tokens -> (n, max_chars) int32 char ids, +1 shifted (never 0)."""
     n = len(tokens)
     # A sentence boundary is one special character (set below), not its literal bytes.
-    data = [
-        b"\0" if t in (BOS_TOKEN, EOS_TOKEN) else t.encode("utf-8", "ignore")[: max_chars - 2]
-        for t in tokens
-    ]
+    data = [b"\0" if t in (BOS_TOKEN, EOS_TOKEN) else t.encode("utf-8", "ignore")[: max_chars - 2] for t in tokens]
     lengths = np.fromiter((len(b) for b in data), dtype=np.int64, count=n)
     out = np.full((n, max_chars), PAD_CHAR + 1, dtype=np.int32)
     out[:, 0] = BOW_CHAR + 1

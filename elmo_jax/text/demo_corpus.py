@@ -28,8 +28,7 @@ from elmo_jax.errors import UserError
 
 TOPIC_WORDS = {
     "money": (
-        "money loan account credit interest cash fund tax budget debt price market investor "
-        "trader coin wallet profit",
+        "money loan account credit interest cash fund tax budget debt price market investor trader coin wallet profit",
         "lends borrows invests saves pays owes spends withdraws trades",
         "wealthy costly cheap fiscal monetary financial rich",
     ),

@@ -41,7 +41,13 @@ def warn_invalid_utf8(name: str, numbers: list[int], what: str = "lines") -> Non
     """Logs the line numbers (up to 20) of `name` that were not valid UTF-8."""
     if numbers:
         shown = ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
-        log.warning("%s: %d line(s) not valid UTF-8, decoded with replacement characters (%s %s)", name, len(numbers), what, shown)
+        log.warning(
+            "%s: %d line(s) not valid UTF-8, decoded with replacement characters (%s %s)",
+            name,
+            len(numbers),
+            what,
+            shown,
+        )
 
 
 def _invalid_utf8(lines: list[bytes]) -> list[int]:
@@ -242,4 +248,7 @@ def tfds_blocks(name: str, split: str, block: int = 65536) -> list[RecordBlock]:
         raise ImportError("tfds: sources need tensorflow-datasets: pip install 'elmo_jax[tfds]'") from None
     source = tfds.data_source(name, split=TFDS_SPLITS[split])
     n = len(source)
-    return [RecordBlock(source, s, min(s + block, n), f"tfds:{name}[{TFDS_SPLITS[split]}][{s}:{min(s + block, n)}]") for s in range(0, n, block)]
+    return [
+        RecordBlock(source, s, min(s + block, n), f"tfds:{name}[{TFDS_SPLITS[split]}][{s}:{min(s + block, n)}]")
+        for s in range(0, n, block)
+    ]

@@ -123,8 +123,13 @@ class Checkpoints:
                     chosen = step
                     break
                 except DamagedCheckpoint as e:
-                    log.warning("the checkpoint of step %d in %s is damaged (%s): %s", step, self.directory, e,
-                                "moving it aside and using the previous one" if quarantine else "using the previous one")
+                    log.warning(
+                        "the checkpoint of step %d in %s is damaged (%s): %s",
+                        step,
+                        self.directory,
+                        e,
+                        "moving it aside and using the previous one" if quarantine else "using the previous one",
+                    )
                     if quarantine:
                         self._quarantine(step)
         if jax.process_count() > 1:
@@ -137,8 +142,11 @@ class Checkpoints:
     def _verify(self, step: int) -> None:
         step_dir = self.directory / str(step)
         if all((step_dir / item).is_dir() and not (step_dir / item / MANIFEST).exists() for item in ITEMS):
-            log.warning("the checkpoint of step %d in %s has no checksums (an older elmo_jax wrote it): not verified",
-                        step, self.directory)
+            log.warning(
+                "the checkpoint of step %d in %s has no checksums (an older elmo_jax wrote it): not verified",
+                step,
+                self.directory,
+            )
             return
         verify_step(step_dir)
 
@@ -164,7 +172,9 @@ class Checkpoints:
         rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], 3))
         meta = {k: v for k, v in data_state.items() if k != "rows"}
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state), rows=ocp.args.StandardSave({"positions": rows}), data=ocp.args.JsonSave(meta)
+            state=ocp.args.StandardSave(state),
+            rows=ocp.args.StandardSave({"positions": rows}),
+            data=ocp.args.JsonSave(meta),
         )
         try:
             saved = self.manager.save(step, args=args, force=True)
@@ -183,7 +193,9 @@ class Checkpoints:
             + (f"the previous checkpoint (step {max(previous)}) is intact" if previous else "no checkpoint was lost")
         )
 
-    def save_and_wait(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel, tries: int = 3) -> None:
+    def save_and_wait(
+        self, step: int, state: TrainState, data_state: dict, parallel: DataParallel, tries: int = 3
+    ) -> None:
         """A save that has landed on return (for preemption). A signal arriving during an
         asynchronous write can make it fail without a trace, so it is checked and retried."""
         for _ in range(tries):
@@ -212,7 +224,9 @@ class Checkpoints:
         """The TrainState of `step` and the batcher state of this process's rows."""
         rows = jax.ShapeDtypeStruct((batch_size, 3), np.int32, sharding=parallel.rows)
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), rows=ocp.args.StandardRestore({"positions": rows}), data=ocp.args.JsonRestore()
+            state=ocp.args.StandardRestore(abstract_state),
+            rows=ocp.args.StandardRestore({"positions": rows}),
+            data=ocp.args.JsonRestore(),
         )
         restored = self._restore(step, args)
         shards = sorted(restored.rows["positions"].addressable_shards, key=lambda s: s.index[0].start or 0)

@@ -59,8 +59,14 @@ def evaluate(
     if max_sentences is not None:
         corpus = first_sentences(corpus, max_sentences)
     batcher = StreamBatcher(
-        corpus, vocab, batch_size, unroll_steps, shuffle=False, single_pass=True,
-        rows=parallel.local_rows(batch_size), table_size=parallel.table_size,
+        corpus,
+        vocab,
+        batch_size,
+        unroll_steps,
+        shuffle=False,
+        single_pass=True,
+        rows=parallel.local_rows(batch_size),
+        table_size=parallel.table_size,
         char_window=config.char_cnn.widest_filter,
     )
     step = _jitted_eval(config, len(vocab), parallel)

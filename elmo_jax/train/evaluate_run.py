@@ -56,8 +56,13 @@ def evaluate_workdir(
     corpus = open_corpus(source, "heldout")
     result = eval_summary(
         evaluate(
-            state.params, corpus, vocab, model_config(config), batch_size or config.train.eval_batch_size,
-            config.train.unroll_steps, max_sentences,
+            state.params,
+            corpus,
+            vocab,
+            model_config(config),
+            batch_size or config.train.eval_batch_size,
+            config.train.unroll_steps,
+            max_sentences,
         ),
         source,
     )
@@ -66,7 +71,11 @@ def evaluate_workdir(
             f"{workdir} at step {step}: the held-out perplexity is not finite ({result['perplexity']}): the model is broken"
         )
     print(f"{workdir} at step {step} on {corpus.name}, {result['tokens']:,} predicted tokens:")
-    print(f"  perplexity {result['perplexity']:.3f} (forward {result['forward_perplexity']:.3f}, backward {result['backward_perplexity']:.3f})")
+    print(
+        f"  perplexity {result['perplexity']:.3f} (forward {result['forward_perplexity']:.3f}, backward {result['backward_perplexity']:.3f})"
+    )
     if "floor_perplexity" in result:
-        print(f"  demo corpus floor {result['floor_perplexity']:.3f}: {result['perplexity'] / result['floor_perplexity']:.3f}x the floor")
+        print(
+            f"  demo corpus floor {result['floor_perplexity']:.3f}: {result['perplexity'] / result['floor_perplexity']:.3f}x the floor"
+        )
     return {**result, "step": step}

@@ -39,7 +39,12 @@ log = logging.getLogger(__name__)
 # Fields that must not change when a run resumes from a workdir's checkpoint (train.devices is
 # saved resolved: the number of devices the run used).
 RESUME_FIELDS = (
-    "train.per_device_batch_size", "train.devices", "train.shard_softmax", "train.unroll_steps", "train.seed", "data.train",
+    "train.per_device_batch_size",
+    "train.devices",
+    "train.shard_softmax",
+    "train.unroll_steps",
+    "train.seed",
+    "data.train",
 )
 
 
@@ -61,7 +66,9 @@ def check_workdir(workdir: Path, config: ml_collections.ConfigDict) -> None:
     saved = read_run_json(saved_path)
     diffs = model_config(config).differences(ModelConfig.from_options(saved["model"], source=str(saved_path)))
     current = config.to_dict()
-    diffs += [f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}" for k in RESUME_FIELDS if _get(current, k) != _get(saved, k)]
+    diffs += [
+        f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}" for k in RESUME_FIELDS if _get(current, k) != _get(saved, k)
+    ]
     if diffs:
         raise UserError(
             f"{workdir} holds a checkpoint of a different run (this config vs the saved one): "
@@ -129,7 +136,9 @@ def softmax_table_rows(config: ml_collections.ConfigDict, vocab_size: int) -> in
     return round_up(vocab_size, config.train.devices) if config.train.shard_softmax else vocab_size
 
 
-def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, parallel: DataParallel | None = None) -> TrainState:
+def abstract_train_state(
+    config: ml_collections.ConfigDict, vocab_size: int, parallel: DataParallel | None = None
+) -> TrainState:
     """Shapes, dtypes and shardings of the TrainState of a run whose config has its devices
     resolved, for restoring a checkpoint; laid out by `parallel` (default: replicated over all
     devices)."""
@@ -145,7 +154,9 @@ def abstract_train_state(config: ml_collections.ConfigDict, vocab_size: int, par
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def check_vocab(checkpoints: Checkpoints, step: int, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path) -> None:
+def check_vocab(
+    checkpoints: Checkpoints, step: int, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path
+) -> None:
     """Fails, naming both sizes, when the vocabulary does not fit the softmax of the checkpoint
     of `step`."""
     rows, expected = checkpoints.softmax_table_rows(step), softmax_table_rows(config, len(vocab))
@@ -231,12 +242,16 @@ def _diverged(step: int, what: str, checkpoints: Checkpoints, config: ml_collect
     )
 
 
-def _check_finite(step: int, metrics: dict[str, float], checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> None:
+def _check_finite(
+    step: int, metrics: dict[str, float], checkpoints: Checkpoints, config: ml_collections.ConfigDict
+) -> None:
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
         raise _diverged(step, f"loss {metrics['loss']} and gradient norm {metrics['grad_norm']}", checkpoints, config)
 
 
-def _check_state_finite(step: int, state: TrainState, checkpoints: Checkpoints, config: ml_collections.ConfigDict) -> None:
+def _check_state_finite(
+    step: int, state: TrainState, checkpoints: Checkpoints, config: ml_collections.ConfigDict
+) -> None:
     """Nothing non-finite is saved: the params and optimizer state after the step's update."""
     if not bool(_all_finite((state.params, state.opt_state))):
         raise _diverged(step, "the update left non-finite params or optimizer state (not saved)", checkpoints, config)
@@ -272,12 +287,20 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
     vocab = prepare_vocab(config, workdir, train_corpus)
     hp = train_hparams(config, len(vocab))
     if jax.process_index() == 0:
-        write_text(workdir / "config.json", json.dumps({**config.to_dict(), "vocabulary": vocab.record()}, indent=2) + "\n")
+        write_text(
+            workdir / "config.json", json.dumps({**config.to_dict(), "vocabulary": vocab.record()}, indent=2) + "\n"
+        )
 
     batch_size = t.per_device_batch_size * parallel.size
     batcher = StreamBatcher(
-        train_corpus, vocab, batch_size, t.unroll_steps, seed=t.seed,
-        rows=parallel.local_rows(batch_size), table_size=parallel.table_size, groups=parallel.size,
+        train_corpus,
+        vocab,
+        batch_size,
+        t.unroll_steps,
+        seed=t.seed,
+        rows=parallel.local_rows(batch_size),
+        table_size=parallel.table_size,
+        groups=parallel.size,
         char_window=model.char_cnn.widest_filter,
     )
     steps_per_epoch = batcher.steps_per_epoch()
@@ -287,8 +310,15 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
     log.info(
         "data: %s, %d sentences, %d words in the vocabulary; %d steps per epoch of %d x %d (%d device(s), %d "
         "process(es)); running %d steps",
-        train_corpus.name, len(train_corpus), len(vocab), steps_per_epoch, batch_size, t.unroll_steps,
-        parallel.size, jax.process_count(), total_steps,
+        train_corpus.name,
+        len(train_corpus),
+        len(vocab),
+        steps_per_epoch,
+        batch_size,
+        t.unroll_steps,
+        parallel.size,
+        jax.process_count(),
+        total_steps,
     )
 
     checkpoints = Checkpoints(workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints)
@@ -296,7 +326,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     start = checkpoints.good_step(quarantine=True)
     if start is None:
-        init = functools.partial(init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_table_rows(config, len(vocab)))
+        init = functools.partial(
+            init_train_state, jax.random.key(t.seed), model, hp, batch_size, softmax_table_rows(config, len(vocab))
+        )
         state = jax.jit(init, out_shardings=shardings)()
         start = 0
         if t.init_from:
@@ -304,7 +336,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
             state = state.replace(params=jax.device_put(params, shardings.params))
             log.info(
                 "fine-tuning from %s: its token encoder and LSTMs; softmax rows of %d known words kept, %d new",
-                t.init_from, rows["kept"], rows["new"],
+                t.init_from,
+                rows["kept"],
+                rows["new"],
             )
     else:
         check_vocab(checkpoints, start, config, vocab, workdir / "vocab.txt")
@@ -353,7 +387,14 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
                 checkpoints.save(step, state, data_state, parallel)
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
                 result = evaluate(
-                    state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, t.eval_sentences or None, parallel
+                    state.params,
+                    heldout,
+                    vocab,
+                    model,
+                    t.eval_batch_size,
+                    t.unroll_steps,
+                    t.eval_sentences or None,
+                    parallel,
                 )
                 _log_eval(step, eval_summary(result, config.data.heldout), writer)
             bar.update(step, start + 1, f"loss {window.get('last_loss', float('nan')):.3f}")
@@ -375,7 +416,10 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
             )
             _log_eval(step, result, writer)
         except Stopped as signal_name:
-            log.info("stopped during the final evaluation (%s): every step is saved; `launch.py eval` evaluates it", signal_name)
+            log.info(
+                "stopped during the final evaluation (%s): every step is saved; `launch.py eval` evaluates it",
+                signal_name,
+            )
     writer.close()
     return result
 
@@ -409,8 +453,17 @@ def _log_train(window: dict, step: int, total: int, epoch: float, writer: Metric
     log.info(
         "step %d/%d | epoch %.2f | loss %.3f | train ppl fwd %.1f bwd %.1f (%s) | grad norm %.2f | "
         "%s tok/s | %.0f ms/step | ETA %s",
-        step, total, epoch, mean["loss"], values["perplexity_forward"], values["perplexity_backward"], softmax,
-        mean["grad_norm"], f"{values['tokens_per_sec']:,.0f}", 1000 * step_time, format_duration(eta),
+        step,
+        total,
+        epoch,
+        mean["loss"],
+        values["perplexity_forward"],
+        values["perplexity_backward"],
+        softmax,
+        mean["grad_norm"],
+        f"{values['tokens_per_sec']:,.0f}",
+        1000 * step_time,
+        format_duration(eta),
     )
     writer.write(step, "train", values)
     window.update(start=now, steps=0, tokens=0, sums={})
@@ -420,7 +473,11 @@ def _log_eval(step: int, result: dict[str, float], writer: MetricWriter) -> None
     floor = f" (floor {result['floor_perplexity']:.2f})" if "floor_perplexity" in result else ""
     log.info(
         "step %d | held-out perplexity %.2f (forward %.2f, backward %.2f) over %d tokens%s",
-        step, result["perplexity"], result["forward_perplexity"], result["backward_perplexity"], result["tokens"], floor,
+        step,
+        result["perplexity"],
+        result["forward_perplexity"],
+        result["backward_perplexity"],
+        result["tokens"],
+        floor,
     )
     writer.write(step, "eval", {k: float(v) for k, v in result.items()})
-

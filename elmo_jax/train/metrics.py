@@ -65,7 +65,9 @@ class ProgressBar:
         width = 30
         filled = int(width * done / max(self.total, 1))
         bar = "#" * filled + "." * (width - filled)
-        sys.stdout.write(f"\r[{bar}] {done}/{self.total} {rate:.1f} {self.unit}/s ETA {format_duration(eta)} {suffix}\033[K")
+        sys.stdout.write(
+            f"\r[{bar}] {done}/{self.total} {rate:.1f} {self.unit}/s ETA {format_duration(eta)} {suffix}\033[K"
+        )
         sys.stdout.flush()
 
     def elapsed(self) -> float:

@@ -88,7 +88,8 @@ class DataParallel:
             "mask": ((rows, unroll_steps), np.bool_),
         }
         return {
-            k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_shardings()[k]) for k, (shape, dtype) in shapes.items()
+            k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_shardings()[k])
+            for k, (shape, dtype) in shapes.items()
         }
 
     def put_batch(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:

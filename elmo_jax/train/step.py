@@ -133,7 +133,9 @@ def _local_losses(
     weights' gradient at every time step), and the gradients are summed over devices once."""
     # Marked device-varying here, once: left replicated, each use (inside the scan: at every
     # time step) would be a cast whose transpose sums that use's gradient over devices.
-    lstm_params, table, tokens_UP = jax.tree.map(lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table, tokens_UP))
+    lstm_params, table, tokens_UP = jax.tree.map(
+        lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table, tokens_UP)
+    )
     with jax.named_scope("lstm"):
         top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, unroll)
     mask_n = mask_bT.reshape(-1)
@@ -147,7 +149,15 @@ def _local_losses(
 
 
 def _loss(
-    params, batch: Batch, lstm_state: LSTMState, rng, used: SoftmaxRows | None, config: ModelConfig, hp: TrainHParams, unroll: int, mesh
+    params,
+    batch: Batch,
+    lstm_state: LSTMState,
+    rng,
+    used: SoftmaxRows | None,
+    config: ModelConfig,
+    hp: TrainHParams,
+    unroll: int,
+    mesh,
 ):
     """The mean loss 0.5 * (forward + backward) and ((forward, backward), new state).
 
@@ -170,7 +180,12 @@ def _loss(
             "targets": used.targets.reshape(2, B, T),
             "log_q_targets": used.log_q_targets.reshape(2, B, T),
         }
-        used_specs = {"candidates": PartitionSpec(), "log_q_candidates": PartitionSpec(), "targets": rows_2BT, "log_q_targets": rows_2BT}
+        used_specs = {
+            "candidates": PartitionSpec(),
+            "log_q_candidates": PartitionSpec(),
+            "targets": rows_2BT,
+            "log_q_targets": rows_2BT,
+        }
         vocab_size = None
     state_spec = LSTMState(PartitionSpec(None, None, AXIS), PartitionSpec(None, None, AXIS))
     keep, keep_spec = None, None
@@ -178,14 +193,29 @@ def _loss(
         # Drawn for the whole batch, so the masks do not depend on how it is split.
         shape = (2, B, T, config.lstm.projection_dim)
         with jax.named_scope("dropout"):
-            keep, keep_spec = dropout_keep_masks(rng, hp.dropout, config.lstm.n_layers + 1, shape), PartitionSpec(None, None, AXIS)
+            keep, keep_spec = (
+                dropout_keep_masks(rng, hp.dropout, config.lstm.n_layers + 1, shape),
+                PartitionSpec(None, None, AXIS),
+            )
     local = jax.shard_map(
         functools.partial(_local_losses, config=config, dropout=hp.dropout, unroll=unroll, vocab_size=vocab_size),
         mesh=mesh,
-        in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(), rows_2BT, PartitionSpec(AXIS), state_spec, used_specs, PartitionSpec(), keep_spec),
+        in_specs=(
+            PartitionSpec(),
+            PartitionSpec(),
+            PartitionSpec(),
+            rows_2BT,
+            PartitionSpec(AXIS),
+            state_spec,
+            used_specs,
+            PartitionSpec(),
+            keep_spec,
+        ),
         out_specs=(PartitionSpec(), state_spec),
     )
-    losses, new_state = local(params["lstm"], params["softmax"], tokens_UP, batch["ids"], mask_BT, lstm_state, local_used, n_tokens, keep)
+    losses, new_state = local(
+        params["lstm"], params["softmax"], tokens_UP, batch["ids"], mask_BT, lstm_state, local_used, n_tokens, keep
+    )
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
 
 
@@ -225,7 +255,9 @@ def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: Softm
     if used is None:
         new_params["softmax"], softmax_state = {}, {}
         for k in table:
-            new_params["softmax"][k], softmax_state[k] = _adagrad(table[k], accumulators[k], grads["softmax"][k], hp.learning_rate)
+            new_params["softmax"][k], softmax_state[k] = _adagrad(
+                table[k], accumulators[k], grads["softmax"][k], hp.learning_rate
+            )
     else:
         new_params["softmax"], softmax_state = _sparse_adagrad(
             table, accumulators, gathered, grads["softmax"], used.rows, hp.learning_rate
@@ -250,7 +282,9 @@ def train_step(
         used, gathered = None, table
     params = {**state.params, "softmax": gathered}
     grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)
-    grads, (loss, (losses, lstm_state)) = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh)
+    grads, (loss, (losses, lstm_state)) = grad_fn(
+        params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh
+    )
     with jax.named_scope("optimizer"):
         new_params, opt_state, grad_norm = _apply_gradients(state, grads, gathered, used, hp)
     metrics = {
@@ -269,7 +303,9 @@ def train_step(
     return new_state, metrics
 
 
-def make_train_step(config: ModelConfig, hp: TrainHParams, unroll: int = 1, parallel: DataParallel | None = None, state_shardings=None):
+def make_train_step(
+    config: ModelConfig, hp: TrainHParams, unroll: int = 1, parallel: DataParallel | None = None, state_shardings=None
+):
     """The jitted train step over `parallel`'s mesh (default: one device, arrays left where
     they are); the incoming state's buffers are donated. With `state_shardings` (see
     DataParallel.state_shardings) the state and the batch are laid out on the mesh."""
@@ -277,7 +313,12 @@ def make_train_step(config: ModelConfig, hp: TrainHParams, unroll: int = 1, para
     step = functools.partial(train_step, config=config, hp=hp, mesh=mesh, unroll=unroll)
     if state_shardings is None:
         return jax.jit(step, donate_argnums=0)
-    return jax.jit(step, in_shardings=(state_shardings, parallel.batch_shardings()), out_shardings=(state_shardings, None), donate_argnums=0)
+    return jax.jit(
+        step,
+        in_shardings=(state_shardings, parallel.batch_shardings()),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,
+    )
 
 
 def eval_step(

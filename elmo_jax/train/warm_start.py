@@ -20,7 +20,9 @@ def warm_start(params: dict, vocab: Vocabulary, source: Model, config: ModelConf
     also returns how many softmax rows were kept and how many are new."""
     differences = config.differences(source.config)
     if differences:
-        raise UserError(f"the model to fine-tune from has another architecture (this config vs it): {'; '.join(differences)}")
+        raise UserError(
+            f"the model to fine-tune from has another architecture (this config vs it): {'; '.join(differences)}"
+        )
     out = {**params, "token_encoder": source.params["token_encoder"], "lstm": source.params["lstm"]}
     kept_new, kept_old = [], []
     if "softmax" in source.params and source.vocab is not None:
