@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from throughput import CONFIGS, DTYPES, synthetic_corpus  # noqa: E402
 
 from elmo_jax.config import ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
@@ -32,7 +33,6 @@ from elmo_jax.model.softmax import sampled_softmax_ce  # noqa: E402
 from elmo_jax.model.token_encoder import encode_tokens  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
 from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
-from throughput import CONFIGS, DTYPES, synthetic_corpus  # noqa: E402
 
 
 def timed(fn, *args, reps: int = 10) -> float:

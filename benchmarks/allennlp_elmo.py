@@ -43,7 +43,7 @@ for norm, keep in %(settings)r:
     results[f"elmo_{norm}_{keep}"] = got["elmo_representations"][0].numpy()
     results[f"mask_{norm}_{keep}"] = got["mask"].numpy()
 np.savez(out, **results)
-""" % {"settings": SETTINGS, "mix": MIX}
+""" % {"settings": SETTINGS, "mix": MIX}  # noqa: UP031 (the code has braces)
 
 
 def sentences(fixtures: Path) -> list[list[str]]:

@@ -35,11 +35,10 @@ def tf_side(draws: int, rate: float, out: str, bilm_work: str) -> None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, bilm_work)
+    import bilm.training as bt
     import h5py
     import numpy as np
     import tensorflow.compat.v1 as tf
-
-    import bilm.training as bt
 
     with h5py.File(FIXTURE / "fixture.hdf5", "r") as f:
         options = {**json.loads(f.attrs["options"]), "dropout": rate}
@@ -155,7 +154,8 @@ def main() -> None:
     z_loss = (losses.mean(0) - their_losses.mean(0)) / np.sqrt((losses.var(0) + their_losses.var(0)) / n)
     print(f"dropout: bilm-tf {args.dropout}, ours {ours_rate}; {n} draws each")
     print(
-        f"losses (forward, backward): bilm-tf {their_losses.mean(0).round(5)}, ours {losses.mean(0).round(5)}, z {z_loss.round(2)}"
+        f"losses (forward, backward): bilm-tf {their_losses.mean(0).round(5)}, ours {losses.mean(0).round(5)}, "
+        f"z {z_loss.round(2)}"
     )
     print("| variable | max abs z of the gradient means | variance ratio (ours / bilm-tf) |")
     print("|---|---|---|")

@@ -30,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 
 from elmo_jax.text.demo_corpus import DemoCorpus  # noqa: E402
 
-
 # bilm_tf_train_eval.py with its options' dropout (0.1, the recipe's) replaced by argv[2].
 BILM_TF_WITH_DROPOUT = """
 import sys
@@ -154,7 +153,8 @@ def report(results: dict) -> None:
             ]
             if len(values) > 1:
                 print(
-                    f"{setting}, {side}: mean {statistics.mean(values):.2f}, min {min(values):.2f}, max {max(values):.2f} over {len(values)} seeds"
+                    f"{setting}, {side}: mean {statistics.mean(values):.2f}, min {min(values):.2f}, "
+                    f"max {max(values):.2f} over {len(values)} seeds"
                 )
 
 

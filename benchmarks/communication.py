@@ -35,8 +35,8 @@ def main() -> None:
     import jax
 
     from elmo_jax.config import TrainHParams, published
-    from elmo_jax.text.batcher import round_up
     from elmo_jax.hlo import communication_bytes
+    from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import init_train_state, make_train_step
 
@@ -53,7 +53,7 @@ def main() -> None:
                 n_negative_samples_batch=args.negatives,
             )
             rows = round_up(V, args.devices) if shard_softmax else V
-            abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, B, rows))
+            abstract = jax.eval_shape(lambda hp=hp, rows=rows: init_train_state(jax.random.key(0), config, hp, B, rows))
             shardings = parallel.state_shardings(abstract, shard_softmax)
             batch = parallel.abstract_batch(
                 B, args.unroll, round_up(args.distinct_words, args.devices), config.char_cnn.max_characters_per_token

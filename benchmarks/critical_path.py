@@ -41,13 +41,13 @@ def main() -> None:
     args = parser.parse_args()
 
     import jax
+    from throughput import CONFIGS, DTYPES
 
     from elmo_jax.hlo import recurrence
     from elmo_jax.model.lstm import schedule
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import init_train_state, make_train_step
-    from throughput import CONFIGS, DTYPES
 
     options, vocab, negatives, _ = CONFIGS[args.config]
     config = dataclasses.replace(
@@ -72,7 +72,8 @@ def main() -> None:
     print(
         f"{args.config}, {B} rows, T = {T}, {args.dtype}, {schedule(config)} schedule on {jax.devices()[0].platform}: "
         f"{result['dependent_loop_iterations']} dependent loop iterations with matmuls per train step, "
-        f"{result['ops_per_iteration']:.1f} ops per iteration; {result['other_loop_iterations']} iterations of other loops"
+        f"{result['ops_per_iteration']:.1f} ops per iteration; "
+        f"{result['other_loop_iterations']} iterations of other loops"
     )
     print(
         json.dumps(

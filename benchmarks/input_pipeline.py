@@ -18,8 +18,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
 from throughput import synthetic_corpus  # noqa: E402
+
+from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
 
 
 def main() -> None:

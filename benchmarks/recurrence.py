@@ -36,13 +36,13 @@ import dataclasses  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from ablation import timed  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+from throughput import CONFIGS  # noqa: E402
 
 from elmo_jax.config import ModelConfig  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.lstm import LSTMState, dropout_keep_masks, init_lstm, lstm_stacks  # noqa: E402
-from ablation import timed  # noqa: E402
-from throughput import CONFIGS  # noqa: E402
 
 
 def loop_step_seconds(directions: int, B: int, P: int, G: int, steps: int, devices: int = 1, reps: int = 10) -> float:
@@ -120,7 +120,8 @@ def main() -> None:
         seconds = loop_step_seconds(directions, B, P, G, args.steps, devices)
         gflops = 2 * directions * B * P * G / seconds / 1e9
         print(
-            f"{args.config} B={B}, {directions} direction(s) on {devices} device(s): {1e6 * seconds:.1f} us per step, matmul {gflops:.0f} GFLOP/s"
+            f"{args.config} B={B}, {directions} direction(s) on {devices} device(s): {1e6 * seconds:.1f} us per step, "
+            f"matmul {gflops:.0f} GFLOP/s"
         )
         result[f"us_per_step_{directions}_directions_{devices}_devices"] = 1e6 * seconds
     print(json.dumps(result))

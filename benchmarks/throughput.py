@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
 import step_profile  # noqa: E402  (benchmarks/step_profile.py)
 from zipf_text import zipf_sentences  # noqa: E402  (benchmarks/zipf_text.py)
+
 from elmo_jax.config import LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.bilm import init_params  # noqa: E402
@@ -282,7 +283,8 @@ def main() -> None:
         "profile": profile,
     }
     print(
-        f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} on {device.device_kind}: {tokens_per_sec:,.0f} tokens/s, "
+        f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} on {device.device_kind}: "
+        f"{tokens_per_sec:,.0f} tokens/s, "
         f"step {1000 * step_s:.1f} ms (min {1000 * min(times):.1f}, max {1000 * max(times):.1f}), "
         f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
         f"MFU {100 * achieved / peak:.1f}% of a measured {peak / 1e12:.1f} TFLOP/s matmul"

@@ -1,8 +1,8 @@
 """The command line behind launch.py: `python launch.py COMMAND --flag=value ...`.
 
-Commands: vocab (count a source into a vocabulary file), train (from an experiment config), eval (a workdir's latest checkpoint), import
-(bilm-tf options + weights -> params checkpoint), export (-> bilm-tf options + weights), embed
-(a text file -> ELMo layers in HDF5).
+Commands: vocab (count a source into a vocabulary file), train (from an experiment config), eval
+(a workdir's latest checkpoint), import (bilm-tf options + weights -> params checkpoint), export
+(-> bilm-tf options + weights), embed (a text file -> ELMo layers in HDF5).
 
 Outputs never clobber (elmo_jax/outputs.py): an existing one is refused unless --overwrite.
 Errors the user can fix (files, flags, settings, formats) are one line on stderr with exit
@@ -37,7 +37,8 @@ flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkp
 flags.DEFINE_string(
     "data",
     None,
-    "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. vocab: the source to count.",
+    "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. "
+    "vocab: the source to count.",
 )
 flags.DEFINE_integer(
     "min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines)."
@@ -63,7 +64,8 @@ flags.DEFINE_bool("overwrite", False, "vocab, import, export, embed: replace an 
 flags.DEFINE_bool(
     "compile_cache",
     True,
-    "Keep compiled programs in $XDG_CACHE_HOME/elmo_jax/jax (default ~/.cache/...), so a second run of the same model compiles nothing; --nocompile_cache turns it off.",
+    "Keep compiled programs in $XDG_CACHE_HOME/elmo_jax/jax (default ~/.cache/...), so a second run of the same "
+    "model compiles nothing; --nocompile_cache turns it off.",
 )
 flags.DEFINE_bool("verbose", False, "Show the traceback of an error (also: ELMO_JAX_TRACEBACK=1).")
 flags.DEFINE_string(

@@ -46,7 +46,8 @@ class Compiled:
     cached: int
 
     def __str__(self) -> str:
-        return f"{self.programs} programs in {self.seconds:.1f} s ({self.programs - self.cached} compiled, {self.cached} from the persistent cache)"
+        compiled = f"{self.programs - self.cached} compiled, {self.cached} from the persistent cache"
+        return f"{self.programs} programs in {self.seconds:.1f} s ({compiled})"
 
 
 class CompileClock:

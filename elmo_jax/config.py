@@ -167,6 +167,12 @@ def _is_bool(value: Any) -> bool:
     return isinstance(value, bool)
 
 
+def _is_clip(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, (int, float)) and not _is_bool(value) and math.isfinite(value) and value > 0
+    )
+
+
 def _is_int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
@@ -205,8 +211,7 @@ class _Reader:
             node = node.get(key, {}) if isinstance(node, dict) else {}
         if dotted.split(".")[-1] not in node:
             return None
-        ok = lambda v: v is None or (isinstance(v, (int, float)) and not _is_bool(v) and math.isfinite(v) and v > 0)
-        return self.value(dotted, "a positive number or null", ok)
+        return self.value(dotted, "a positive number or null", _is_clip)
 
 
 def _n_characters(value: Any, source: str) -> int:

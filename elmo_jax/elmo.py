@@ -20,8 +20,8 @@ the biLM supports reverse-mode autodiff (`grad`, `vjp`) but not forward mode (`j
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +100,8 @@ class Elmo(nnx.Module):
         char_ids_BTC = jnp.asarray(char_ids_BTC)
         if char_ids_BTC.ndim != 3 or char_ids_BTC.shape[-1] != C or not jnp.issubdtype(char_ids_BTC.dtype, jnp.integer):
             raise ValueError(
-                f"Elmo takes integer char ids (B, T, {C}) from batch_to_ids, got {char_ids_BTC.dtype} {char_ids_BTC.shape}"
+                f"Elmo takes integer char ids (B, T, {C}) from batch_to_ids, "
+                f"got {char_ids_BTC.dtype} {char_ids_BTC.shape}"
             )
         chars = with_sentence_boundaries(char_ids_BTC)
         layers, mask = _bilm(self.config)(self.bilm_params(), chars)

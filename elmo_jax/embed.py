@@ -22,8 +22,8 @@ import functools
 import itertools
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import h5py
 import jax
@@ -193,7 +193,7 @@ class _Writer:
             self.pending.result()
             self.pending = None
 
-    def __enter__(self) -> "_Writer":
+    def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, *error) -> None:

@@ -2,12 +2,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_layers, init_params, reverse_within
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.text.chars import encode_tokens
-from tiny_models import tiny_options
 
 TINY = tiny_options(16, 8, 4, [[1, 4], [2, 8]])
 

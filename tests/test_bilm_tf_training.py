@@ -8,8 +8,8 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-
 from bilm_tf_fixture import load, params_from_tf, params_to_tf, start_state
+
 from elmo_jax.model.bilm import bilm_top
 from elmo_jax.text.chars import CharTable
 from elmo_jax.train.step import make_train_step
@@ -53,7 +53,7 @@ def test_four_steps_match_bilm_tf_training(recorded):
         np.testing.assert_allclose(state.lstm_state.h, rec["final_state"][0], **TOL, err_msg=f"step {k} final h")
         np.testing.assert_allclose(state.lstm_state.c, rec["final_state"][1], **TOL, err_msg=f"step {k} final c")
         jax.tree.map_with_path(
-            lambda path, got, want: np.testing.assert_allclose(
+            lambda path, got, want, k=k: np.testing.assert_allclose(
                 got, want, **TOL, err_msg=f"step {k} {jax.tree_util.keystr(path)}"
             ),
             state.params,
@@ -61,7 +61,7 @@ def test_four_steps_match_bilm_tf_training(recorded):
         )
         accumulators = {**state.opt_state["dense"][0].sum_of_squares, "softmax": state.opt_state["softmax"]}
         jax.tree.map_with_path(
-            lambda path, got, want: np.testing.assert_allclose(
+            lambda path, got, want, k=k: np.testing.assert_allclose(
                 got, want, **TOL, err_msg=f"step {k} accumulator {jax.tree_util.keystr(path)}"
             ),
             accumulators,

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_training_run import losses, tiny_config
 
 from elmo_jax.errors import UserError
 from elmo_jax.train import loop
 from elmo_jax.train.evaluate_run import evaluate_workdir
 from elmo_jax.train.loop import TrainingDiverged, train
-from test_training_run import losses, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from tiny_models import tiny_options
 
 from elmo_jax import embed
 from elmo_jax.config import ModelConfig
@@ -12,7 +13,6 @@ from elmo_jax.embed import Embedder, embed_file, length_bucket, rows_bucket
 from elmo_jax.errors import UserError
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model_io import Model
-from tiny_models import tiny_options
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ import re
 import jax
 import numpy as np
 import pytest
+from cli import run_cli
+from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.embed import Embedder, encode_words
@@ -14,8 +16,6 @@ from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens
 from elmo_jax.model_io import Model
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, CharTable
-from cli import run_cli
-from tiny_models import tiny_options
 
 
 @pytest.fixture(scope="module")

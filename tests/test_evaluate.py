@@ -4,6 +4,7 @@ average cross entropy)."""
 
 import jax
 import numpy as np
+from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_top, init_params
@@ -13,7 +14,6 @@ from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.sources import first_sentences
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
-from tiny_models import tiny_options
 
 
 def test_evaluation_equals_the_formula():

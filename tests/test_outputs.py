@@ -9,14 +9,14 @@ import h5py
 import jax
 import numpy as np
 import pytest
-
 from cli import assert_one_line_error, run_cli, start_cli
+from tiny_models import tiny_options
+
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
 from elmo_jax.interop.bilm_hdf5 import save_weights
 from elmo_jax.model.bilm import init_params
 from elmo_jax.outputs import replacing
-from tiny_models import tiny_options
 
 
 def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_error(tmp_path):

@@ -6,15 +6,15 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.hlo import collectives_in_loops, communication_bytes, recurrence
 from elmo_jax.text.batcher import StreamBatcher, all_sentences, round_up
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
-from elmo_jax.hlo import collectives_in_loops, communication_bytes, recurrence
 from elmo_jax.train.parallel import DataParallel
 from elmo_jax.train.step import init_train_state, make_train_step
-from tiny_models import tiny_options
 
 CONFIG = ModelConfig.from_options(tiny_options(32, 8, 4, [[1, 8], [2, 8]]))
 B, T = 16, 5

@@ -5,7 +5,6 @@ import signal
 import time
 
 import pytest
-
 from cli import assert_one_line_error, run_cli, start_cli
 from test_training_run import cli_train_args, losses, wait_for_checkpoint
 

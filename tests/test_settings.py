@@ -5,14 +5,14 @@ import json
 
 import h5py
 import pytest
-
 from cli import assert_one_line_error, run_cli
+from test_training_run import tiny_config
+
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
 from elmo_jax.experiment import validate
 from elmo_jax.interop.bilm_hdf5 import load_weights
 from elmo_jax.train.loop import train
-from test_training_run import tiny_config
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.text.batcher import StreamBatcher, all_sentences
@@ -10,7 +11,6 @@ from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.parallel import data_parallel
 from elmo_jax.train.step import _loss, init_train_state, make_train_step, softmax_rows
-from tiny_models import tiny_options
 
 TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
 
@@ -41,9 +41,13 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     whole = used._replace(
         rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets]
     )
-    objective = lambda p: (
-        hp.unroll_steps * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0]
-    )  # noqa: E731
+
+    def objective(p):
+        return (
+            hp.unroll_steps
+            * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0]
+        )
+
     grads = jax.jit(jax.grad(objective))(state.params)
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
     assert norm > hp.all_clip_norm_val  # so the clip is exercised

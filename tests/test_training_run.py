@@ -12,9 +12,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from tiny_models import tiny_options
 
 from elmo_jax.train.loop import TrainingDiverged, train
-from tiny_models import tiny_options
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = tiny_options(32, 8, 4, [[1, 8], [2, 8]])

@@ -8,7 +8,7 @@ Linen users wrap it with `flax.nnx.bridge.ToLinen` (README, "ELMo in your JAX mo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -14,7 +14,8 @@ across batches. The position of every row is a small JSON-serialisable state.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Protocol, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -77,8 +77,8 @@ def check_sentences(sentences) -> None:
     list of strings, would otherwise be read one character per token."""
     if isinstance(sentences, (str, bytes)) or not isinstance(sentences, (list, tuple)):
         raise TypeError(
-            f"sentences must be a list of token lists, such as [['the', 'river', 'bank']], got {type(sentences).__name__}"
-            + (" (split it: [text.split()])" if isinstance(sentences, str) else "")
+            "sentences must be a list of token lists, such as [['the', 'river', 'bank']], "
+            f"got {type(sentences).__name__}" + (" (split it: [text.split()])" if isinstance(sentences, str) else "")
         )
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, (str, bytes)) or not isinstance(sentence, (list, tuple)):

@@ -17,8 +17,8 @@ import fnmatch
 import logging
 import tarfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 

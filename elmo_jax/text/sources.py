@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import glob
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.text.batcher import Corpus, all_sentences

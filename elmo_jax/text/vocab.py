@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

@@ -68,14 +68,13 @@ def evaluate_workdir(
     )
     if not all(math.isfinite(result[k]) for k in ("perplexity", "forward_perplexity", "backward_perplexity")):
         raise RunFailed(
-            f"{workdir} at step {step}: the held-out perplexity is not finite ({result['perplexity']}): the model is broken"
+            f"{workdir} at step {step}: the held-out perplexity is not finite ({result['perplexity']}): "
+            "the model is broken"
         )
     print(f"{workdir} at step {step} on {corpus.name}, {result['tokens']:,} predicted tokens:")
-    print(
-        f"  perplexity {result['perplexity']:.3f} (forward {result['forward_perplexity']:.3f}, backward {result['backward_perplexity']:.3f})"
-    )
+    forward, backward = result["forward_perplexity"], result["backward_perplexity"]
+    print(f"  perplexity {result['perplexity']:.3f} (forward {forward:.3f}, backward {backward:.3f})")
     if "floor_perplexity" in result:
-        print(
-            f"  demo corpus floor {result['floor_perplexity']:.3f}: {result['perplexity'] / result['floor_perplexity']:.3f}x the floor"
-        )
+        floor = result["floor_perplexity"]
+        print(f"  demo corpus floor {floor:.3f}: {result['perplexity'] / floor:.3f}x the floor")
     return {**result, "step": step}

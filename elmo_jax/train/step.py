@@ -29,8 +29,8 @@ from jax.sharding import PartitionSpec
 from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.lstm import LSTMState, dropout_keep_masks
-from elmo_jax.model.token_encoder import encode_tokens
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
+from elmo_jax.model.token_encoder import encode_tokens
 from elmo_jax.train.parallel import AXIS, DataParallel, data_parallel
 
 Batch = dict  # chars (U, C), ids (2, B, T), targets (2, B, T) int32; mask (B, T) bool (see StreamBatcher)
