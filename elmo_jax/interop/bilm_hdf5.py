@@ -13,8 +13,7 @@ import numpy as np
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
-
-Params = dict
+from elmo_jax.model import Params
 
 
 def _lstm_prefix(direction: int, layer: int) -> str:

@@ -14,10 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model import Params
 from elmo_jax.model.lstm import LSTMState, apply_dropout, init_lstm, lstm_stacks
 from elmo_jax.model.token_encoder import encode_tokens, init_token_encoder
-
-Params = dict
 
 
 def init_params(rng: jax.Array, config: ModelConfig, vocab_size: int | None) -> Params:

@@ -29,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model import Params
 from elmo_jax.model.matmul import einsum
-
-Params = dict
 
 
 class LSTMState(NamedTuple):

@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import N_CHARACTERS, ModelConfig
+from elmo_jax.model import Params
 from elmo_jax.model.matmul import matmul, result_type
-
-Params = dict
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
