@@ -21,16 +21,19 @@ import jax
 
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.experiment import model_config, train_hparams
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
+from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
 from elmo_jax.outputs import replacing
 from elmo_jax.text.vocab import Vocabulary
+from elmo_jax.workdir import Workdir
 
 
 @dataclasses.dataclass
 class Model:
     config: ModelConfig
-    params: dict  # see elmo_jax.model.bilm; no "softmax" for imported weights
+    params: Params  # see elmo_jax.model.bilm; no "softmax" for imported weights
     vocab: Vocabulary | None = None
     options: dict | None = None  # bilm-tf training fields to carry into options.json
 
@@ -48,8 +51,8 @@ def load_model(
             config, jax.device_put(load_weights(weights, config))
         )  # jnp.asarray would compile a copy per shape
     path = Path(path)
-    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-        return _load_workdir(path)
+    if Workdir(path).is_run():
+        return _load_workdir(Workdir(path))
     if not path.is_dir():
         raise MissingFile(f"model folder not found: {path}")
     vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
@@ -89,8 +92,8 @@ def model_options(path: str | Path) -> dict:
     """The options.json model dict of a workdir, an imported or an exported folder (read
     without loading weights)."""
     path = Path(path)
-    if (path / "config.json").is_file():
-        return read_json(path / "config.json")["model"]
+    if Workdir(path).config_json.is_file():
+        return Workdir(path).saved()["model"]
     options = _one_file(path, "options.json") if path.is_dir() else None
     if options is not None:
         return ModelConfig.load(options).to_options()
@@ -102,15 +105,10 @@ def _softmax_rows(path: Path) -> int | None:
     return read_json(meta).get("softmax_rows") if meta.is_file() else None
 
 
-def _load_workdir(workdir: Path) -> Model:
-    from elmo_jax.experiment import model_config, train_hparams
-    from elmo_jax.train.evaluate_run import restore_latest
-
-    config, vocab, state, _ = restore_latest(workdir)
+def _load_workdir(workdir: Workdir) -> Model:
+    config, vocab, params, _ = workdir.restore_params()
     options = train_hparams(config, len(vocab)).options_fields()
-    # A table sharded by rows was padded to a multiple of the devices.
-    softmax = jax.tree.map(lambda x: x[: len(vocab)], state.params["softmax"])
-    return Model(model_config(config), {**state.params, "softmax": softmax}, vocab, options)
+    return Model(model_config(config), params, vocab, options)
 
 
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:

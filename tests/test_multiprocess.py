@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax.train.evaluate_run import restore_latest
+from elmo_jax.workdir import Workdir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,10 +99,10 @@ def test_two_processes_train_like_one(tmp_path, text_data):
         got, expected = json.loads(final), json.loads(want)
         assert got["tokens"] == expected["tokens"]
         assert got["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-5)
-    config, _, state_two, step = restore_latest(two)
-    _, _, state_one, _ = restore_latest(one)
+    config, _, params_two, step = Workdir(two).restore_params()
+    params_one = Workdir(one).restore_params().params
     assert step == 6 and config.train.devices == 4
-    for a, b in zip(jax.tree.leaves(state_two.params), jax.tree.leaves(state_one.params)):
+    for a, b in zip(jax.tree.leaves(params_two), jax.tree.leaves(params_one)):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 

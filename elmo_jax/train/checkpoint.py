@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -27,8 +28,11 @@ import orbax.checkpoint as ocp
 
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.outputs import write_text
-from elmo_jax.train.parallel import DataParallel
-from elmo_jax.train.step import TrainState
+
+if TYPE_CHECKING:  # reading params (elmo_jax/workdir.py) needs neither
+    from elmo_jax.model import Params
+    from elmo_jax.train.parallel import DataParallel
+    from elmo_jax.train.step import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +215,18 @@ class Checkpoints:
         """The TrainState of `step`, shaped and sharded like `abstract_state`."""
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
         return self._restore(step, args).state
+
+    def restore_params(self, step: int, abstract_params: Params) -> Params:
+        """Only the params of `step`'s TrainState, shaped and placed like `abstract_params`: the
+        optimizer state and the rest are not read."""
+        tree = {"params": abstract_params}
+        args = ocp.args.PyTreeRestore(
+            item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
+        )
+        try:
+            return ocp.PyTreeCheckpointer().restore(self.directory / str(step) / "state", args=args)["params"]
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
 
     def _restore(self, step: int, args):
         try:

@@ -9,16 +9,16 @@ import fcntl
 import logging
 import os
 import socket
-from pathlib import Path
 
 from elmo_jax.errors import UserError
+from elmo_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
 
 
 class RunLock:
-    def __init__(self, workdir: Path):
-        self.path = Path(workdir) / "train.lock"
+    def __init__(self, workdir: Workdir):
+        self.path = workdir.lock
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1,0 +1,193 @@
+"""The run folder (--workdir): the one place that knows its layout and what a resume checks.
+
+  config.json    the run's experiment config (train.devices resolved) and its vocabulary's size and hash
+  vocab.txt      the vocabulary, one word a line in softmax row order (elmo_jax/text/vocab.py)
+  checkpoints/   Orbax checkpoints (elmo_jax/train/checkpoint.py); damaged steps are moved to
+                 damaged_checkpoints/ beside it
+  metrics.jsonl  one JSON record per train log window and per evaluation
+  tensorboard/   the same numbers as TensorBoard event files
+  train.lock     held by the run training in the folder (elmo_jax/train/run_lock.py)
+
+`Workdir.restore_params` reads only the params of the newest intact checkpoint, not the
+optimizer state: all that embedding, export and evaluation need.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import ml_collections
+
+from elmo_jax.config import ModelConfig, read_json
+from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.experiment import base_config, model_config
+from elmo_jax.model import Params
+from elmo_jax.model.bilm import init_params
+from elmo_jax.outputs import write_text
+from elmo_jax.text.batcher import round_up
+from elmo_jax.text.corpus import Corpus
+from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
+
+log = logging.getLogger(__name__)
+
+# Fields that must not change when a run resumes from a workdir's checkpoint (train.devices is
+# saved resolved: the number of devices the run used).
+RESUME_FIELDS = (
+    "train.per_device_batch_size",
+    "train.devices",
+    "train.shard_softmax",
+    "train.unroll_steps",
+    "train.seed",
+    "data.train",
+)
+
+
+class RunParams(NamedTuple):
+    """What a finished (or running) training run holds for inference."""
+
+    config: ml_collections.ConfigDict  # the run's saved config
+    vocab: Vocabulary
+    params: Params  # see elmo_jax.model.bilm; the softmax cut to len(vocab) rows
+    step: int
+
+
+def softmax_table_rows(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+    """Rows of the softmax table: V, padded to a multiple of the devices when it is sharded."""
+    return round_up(vocab_size, config.train.devices) if config.train.shard_softmax else vocab_size
+
+
+class Workdir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config_json = self.path / "config.json"
+        self.vocab_txt = self.path / "vocab.txt"
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics_jsonl = self.path / "metrics.jsonl"
+        self.tensorboard = self.path / "tensorboard"
+        self.lock = self.path / "train.lock"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def is_run(self) -> bool:
+        """A training run's folder: config.json and checkpoints/."""
+        return self.config_json.is_file() and self.checkpoints.is_dir()
+
+    def saved(self) -> dict:
+        """config.json as written; a damaged one is a UserError naming it."""
+        return read_json(self.config_json, "run config", hint="; restore it, or use another --workdir")
+
+    def saved_config(self) -> ml_collections.ConfigDict:
+        """The run's saved config; fields it predates take base_config's defaults."""
+        if not self.config_json.is_file():
+            raise MissingFile(f"{self.path} is not a training workdir: {self.config_json} not found")
+        saved = self.saved()
+        config = base_config(saved["model"]).to_dict()
+        for section in ("train", "data"):
+            config[section].update(saved.get(section, {}))
+        return ml_collections.ConfigDict(config)
+
+    def write_config(self, config: ml_collections.ConfigDict, vocab: Vocabulary) -> None:
+        """config.json: the resolved config and the vocabulary's record (process 0 writes)."""
+        if jax.process_index() == 0:
+            text = json.dumps({**config.to_dict(), "vocabulary": vocab.record()}, indent=2) + "\n"
+            write_text(self.config_json, text)
+
+    def vocab(self) -> Vocabulary:
+        """vocab.txt, checked against the size and hash the run recorded in config.json
+        (workdirs older than that record are checked only against the checkpoint's softmax)."""
+        vocab = Vocabulary.load(self.vocab_txt)
+        recorded = self.saved().get("vocabulary") if self.config_json.is_file() else None
+        if recorded is not None and vocab.record() != recorded:
+            raise UserError(
+                f"{self.vocab_txt} ({len(vocab)} words, sha256 {vocab.record()['sha256'][:12]}) is not the vocabulary "
+                f"this run recorded in {self.config_json} ({recorded['words']} words, sha256 "
+                f"{recorded['sha256'][:12]}): it was changed or damaged; restore it, or use another --workdir"
+            )
+        return vocab
+
+    def training_vocab(self, config: ml_collections.ConfigDict, corpus: Corpus) -> Vocabulary:
+        """vocab.txt; on a first run it is copied from config.data.vocab or built from `corpus`
+        (min_count) and saved (process 0 writes)."""
+        if self.vocab_txt.is_file():
+            vocab = self.vocab()
+            if config.data.vocab:
+                given = Vocabulary.load(config.data.vocab)
+                if given.words != vocab.words:
+                    raise UserError(
+                        f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
+                        f"vocabulary this workdir was trained with, {self.vocab_txt} ({len(vocab)} words)"
+                    )
+            return vocab
+        if config.data.vocab:
+            vocab = Vocabulary.load(config.data.vocab)
+        else:
+            log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
+            vocab, stats = build_vocabulary(corpus.stream(), config.data.min_count)
+            log.info("%s: %s", corpus.name, summary(stats))
+        if jax.process_index() == 0:
+            vocab.save(self.vocab_txt)
+        return vocab
+
+    def check_resume(self, config: ml_collections.ConfigDict) -> None:
+        """Fails, naming the differing fields, when the folder's checkpoint is of another run."""
+        if not self.is_run():
+            return
+        saved = self.saved()
+        saved_model = ModelConfig.from_options(saved["model"], source=str(self.config_json))
+        diffs = model_config(config).differences(saved_model)
+        current = config.to_dict()
+        diffs += [
+            f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}"
+            for k in RESUME_FIELDS
+            if _get(current, k) != _get(saved, k)
+        ]
+        if diffs:
+            raise UserError(
+                f"{self.path} holds a checkpoint of a different run (this config vs the saved one): "
+                + "; ".join(diffs)
+                + ". Use another --workdir, or the saved config."
+            )
+
+    def check_vocab(self, table_rows: int, config: ml_collections.ConfigDict, vocab: Vocabulary) -> None:
+        """Fails, naming both sizes, when the vocabulary does not fit a checkpoint's softmax of
+        `table_rows` rows."""
+        expected = softmax_table_rows(config, len(vocab))
+        if table_rows != expected:
+            raise UserError(
+                f"{self.vocab_txt} has {len(vocab)} words (a softmax of {expected} rows) but the checkpoint in "
+                f"{self.checkpoints} has a softmax of {table_rows} rows: not the vocabulary it was trained with"
+            )
+
+    def restore_params(self) -> RunParams:
+        """The params of the newest intact checkpoint (on the first local device), read without
+        the optimizer state."""
+        from elmo_jax.train.checkpoint import Checkpoints  # Orbax: only when a checkpoint is read
+
+        config, vocab = self.saved_config(), self.vocab()
+        checkpoints = Checkpoints(self.checkpoints)
+        try:
+            step = checkpoints.good_step()
+            if step is None:
+                raise MissingFile(f"no intact checkpoint in {self.checkpoints}")
+            rows = checkpoints.softmax_table_rows(step)
+            self.check_vocab(rows, config, vocab)
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), model_config(config), rows))
+            abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
+            params = checkpoints.restore_params(step, abstract)
+        finally:
+            checkpoints.close()
+        # A table sharded by rows was padded to a multiple of the devices.
+        params["softmax"] = jax.tree.map(lambda x: x[: len(vocab)], params["softmax"])
+        return RunParams(config, vocab, params, step)
+
+
+def _get(config_dict: dict, dotted: str):
+    for key in dotted.split("."):
+        config_dict = config_dict.get(key, {}) if isinstance(config_dict, dict) else None
+    return config_dict
