@@ -37,10 +37,10 @@ from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
 from elmo_jax.outputs import replacing
+from elmo_jax.progress import ProgressBar
 from elmo_jax.text.batcher import bucket_size, char_columns
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable, check_sentences
 from elmo_jax.text.sources import read_lines
-from elmo_jax.train.metrics import ProgressBar
 
 LAYER_MODES = ("all", "top", "average")
 log = logging.getLogger(__name__)

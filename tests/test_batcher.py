@@ -5,26 +5,18 @@ import pytest
 
 from elmo_jax.text.batcher import StreamBatcher, bucket_size
 from elmo_jax.text.chars import encode_tokens
+from elmo_jax.text.corpus import Sentences
 from elmo_jax.text.vocab import Vocabulary, count_words
 
 
-class ListCorpus:
-    name = "list"
-
-    def __init__(self, sentences):
-        self.sentences = sentences
-
-    def __len__(self):
-        return len(self.sentences)
-
-    def __getitem__(self, i):
-        return self.sentences[i]
+def list_corpus(sentences):
+    return Sentences(sentences, "list")
 
 
 def make_corpus(n=37, seed=0):
     rng = np.random.default_rng(seed)
     words = [f"w{i}" for i in range(25)]
-    return ListCorpus([list(rng.choice(words, size=rng.integers(1, 9))) for _ in range(n)])
+    return list_corpus([list(rng.choice(words, size=rng.integers(1, 9))) for _ in range(n)])
 
 
 def decode_row(batches, vocab, key, direction, row):
@@ -40,12 +32,12 @@ def decode_row(batches, vocab, key, direction, row):
 
 def test_each_token_once_per_pass_in_order_forward_and_reversed_backward():
     corpus = make_corpus()
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    vocab = Vocabulary.from_counts(count_words(corpus))
     B, T = 4, 5
     batcher = StreamBatcher(corpus, vocab, B, T, shuffle=False, single_pass=True)
     batches = list(batcher)
     for row in range(B):
-        sentences = corpus.sentences[row::B]
+        sentences = corpus[row::B]
         forward_targets = [w for s in sentences for w in [*s, "</S>"]]
         backward_targets = [w for s in sentences for w in [*s[::-1], "<S>"]]
         assert decode_row(batches, vocab, "targets", 0, row) == forward_targets
@@ -55,7 +47,7 @@ def test_each_token_once_per_pass_in_order_forward_and_reversed_backward():
         assert decode_row(batches, vocab, "inputs", 0, row) == forward_inputs
         assert decode_row(batches, vocab, "inputs", 1, row) == backward_inputs
     total = sum(b["mask"].sum() for b in batches)
-    assert total == batcher.positions_per_epoch() == sum(len(s) + 1 for s in corpus.sentences)
+    assert total == batcher.positions_per_epoch() == sum(len(s) + 1 for s in corpus)
     # Each batch holds its distinct tokens once, in a bucketed block.
     for b in batches:
         used = np.unique(b["ids"][:, b["mask"]])
@@ -65,7 +57,7 @@ def test_each_token_once_per_pass_in_order_forward_and_reversed_backward():
 
 def test_shuffled_training_stream_reads_every_sentence_once_per_epoch():
     corpus = make_corpus(40)
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    vocab = Vocabulary.from_counts(count_words(corpus))
     B, T, N = 4, 3, 40
     batcher = StreamBatcher(corpus, vocab, B, T, seed=3)
     batches = [next(batcher) for _ in range(3 * batcher.steps_per_epoch())]
@@ -76,13 +68,13 @@ def test_shuffled_training_stream_reads_every_sentence_once_per_epoch():
         n = len(range(row, N, B))
         epochs[0] += [s.split() for s in stream[:n]]
         epochs[1] += [s.split() for s in stream[n : 2 * n]]
-    assert sorted(epochs[0]) == sorted(corpus.sentences) == sorted(epochs[1])
+    assert sorted(epochs[0]) == sorted(corpus) == sorted(epochs[1])
     assert epochs[0] != epochs[1]  # reshuffled per epoch
 
 
 def test_resume_from_saved_state_gives_identical_batches():
     corpus = make_corpus()
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    vocab = Vocabulary.from_counts(count_words(corpus))
     a = StreamBatcher(corpus, vocab, 3, 4, seed=7)
     for _ in range(11):
         next(a)
@@ -106,29 +98,29 @@ def test_bucket_sizes():
 
 def test_deterministic_for_a_seed_and_different_across_seeds():
     corpus = make_corpus()
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    vocab = Vocabulary.from_counts(count_words(corpus))
     first = [next(StreamBatcher(corpus, vocab, 3, 4, seed=s))["targets"] for s in (1, 1, 2)]
     np.testing.assert_array_equal(first[0], first[1])
     assert not np.array_equal(first[0], first[2])
 
 
 def test_empty_sentences_are_skipped():
-    corpus = ListCorpus([["a", "b"], [], ["c"], []])
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    corpus = list_corpus([["a", "b"], [], ["c"], []])
+    vocab = Vocabulary.from_counts(count_words(corpus))
     batches = list(StreamBatcher(corpus, vocab, 1, 10, shuffle=False, single_pass=True))
     assert decode_row(batches, vocab, "targets", 0, 0) == ["a", "b", "</S>", "c", "</S>"]
 
 
 def test_rows_subset_reads_only_its_rows():
     corpus = make_corpus()
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    vocab = Vocabulary.from_counts(count_words(corpus))
     full = next(StreamBatcher(corpus, vocab, 4, 5, seed=2))
     part = next(StreamBatcher(corpus, vocab, 4, 5, seed=2, rows=[2, 3]))
     np.testing.assert_array_equal(part["targets"], full["targets"][:, 2:])
 
 
 def test_out_of_vocabulary_targets_become_unk_but_inputs_keep_their_characters():
-    corpus = ListCorpus([["known", "zebra"]])
+    corpus = list_corpus([["known", "zebra"]])
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "known"])
     b = next(StreamBatcher(corpus, vocab, 1, 3, shuffle=False, single_pass=True))
     assert [vocab.words[i] for i in b["targets"][0, 0]] == ["known", "<UNK>", "</S>"]
@@ -137,6 +129,6 @@ def test_out_of_vocabulary_targets_become_unk_but_inputs_keep_their_characters()
 
 def test_too_few_sentences_for_the_rows():
     corpus = make_corpus(3)
-    vocab = Vocabulary.from_counts(count_words(corpus.sentences))
+    vocab = Vocabulary.from_counts(count_words(corpus))
     with pytest.raises(ValueError, match="3 sentences cannot fill 4 rows"):
         StreamBatcher(corpus, vocab, 4, 5)

@@ -77,6 +77,7 @@ def test_dropping_padding_columns_keeps_every_token_vector():
     each filter's max still sees a window of padding only, so the vectors are unchanged."""
     from elmo_jax.model.token_encoder import encode_tokens as encode
     from elmo_jax.text.batcher import StreamBatcher
+    from elmo_jax.text.corpus import Sentences
     from elmo_jax.text.vocab import Vocabulary
 
     config = ModelConfig.from_options(tiny_options(16, 8, 4, [[1, 4], [3, 8], [7, 8]]))
@@ -85,7 +86,7 @@ def test_dropping_padding_columns_keeps_every_token_vector():
     params["token_encoder"]["char_embed"] = params["token_encoder"]["char_embed"].at[261].set(2.0)
     sentences = [["a", "bank", "of", "the", "river"], ["supercalifragilistic", "x"]]
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a"])
-    corpus = type("C", (list,), {"name": "c"})(sentences)
+    corpus = Sentences(sentences, "c")
     cut = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False, char_window=config.char_cnn.widest_filter))
     full = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False))
     assert cut["chars"].shape[1] == 32 and full["chars"].shape[1] == 50  # 22 + 7, rounded to 8

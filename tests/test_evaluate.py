@@ -10,8 +10,8 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_top, init_params
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.corpus import first_sentences
 from elmo_jax.text.demo_corpus import DemoCorpus
-from elmo_jax.text.sources import first_sentences
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
 

@@ -10,7 +10,7 @@ from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.hlo import collectives_in_loops, communication_bytes, recurrence
-from elmo_jax.text.batcher import StreamBatcher, all_sentences, round_up
+from elmo_jax.text.batcher import StreamBatcher, round_up
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.parallel import DataParallel
@@ -23,7 +23,7 @@ B, T = 16, 5
 @pytest.fixture(scope="module")
 def data():
     corpus = DemoCorpus("train", size=2_000)
-    vocab = Vocabulary.from_counts(count_words(all_sentences(corpus)))
+    vocab = Vocabulary.from_counts(count_words(corpus.stream()))
     hp = TrainHParams(batch_size=B // 8, unroll_steps=T, n_tokens_vocab=len(vocab), n_negative_samples_batch=64)
     # Tables of distinct words rounded to a multiple of 8, which both layouts can take.
     batcher = StreamBatcher(corpus, vocab, B, T, seed=0, table_size=DataParallel(8).table_size)

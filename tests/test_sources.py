@@ -7,9 +7,9 @@ import tarfile
 import numpy as np
 import pytest
 
-from elmo_jax.text.batcher import StreamBatcher, epoch_view
+from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.shards import LM1B_DIR
-from elmo_jax.text.sources import all_sentences, open_corpus
+from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary, count_words
 
 TRAIN = "training-monolingual.tokenized.shuffled"
@@ -47,8 +47,8 @@ def test_folder_and_archive_hold_the_same_splits(lm1b):
     for source in (f"lm1b:{root}", f"lm1b:{root / LM1B_DIR}", f"lm1b:{archive}"):
         train, heldout = open_corpus(source, "train"), open_corpus(source, "heldout")
         assert len(train) == sum(20 + 3 * k for k in range(1, 6))
-        assert sorted(w[0] for w in all_sentences(heldout)) == sorted(f"s100l{i}" for i in range(15))  # file 00000 only
-        assert train.positions() == sum(len(s) + 1 for s in all_sentences(train))
+        assert sorted(w[0] for w in heldout.stream()) == sorted(f"s100l{i}" for i in range(15))  # file 00000 only
+        assert train.positions() == sum(len(s) + 1 for s in train.stream())
 
 
 def batches(corpus, vocab, n, state=None, groups=2):
@@ -62,7 +62,7 @@ def batches(corpus, vocab, n, state=None, groups=2):
 def test_resume_across_a_shard_boundary_gives_identical_batches(lm1b):
     root, archive = lm1b
     corpus = open_corpus(f"lm1b:{archive}", "train")
-    vocab = Vocabulary.from_counts(count_words(all_sentences(corpus)))
+    vocab = Vocabulary.from_counts(count_words(corpus.stream()))
     straight, _ = batches(corpus, vocab, 60)
     _, state = batches(corpus, vocab, 25)
     resumed, _ = batches(open_corpus(f"lm1b:{root}", "train"), vocab, 35, state)  # the folder, a fresh reader
@@ -75,14 +75,14 @@ def test_resume_across_a_shard_boundary_gives_identical_batches(lm1b):
 
 def test_groups_read_disjoint_pieces_that_cover_the_corpus(lm1b):
     corpus = open_corpus(f"lm1b:{lm1b[0]}", "train")
-    everything = sorted(s[0] for s in all_sentences(corpus))
+    everything = sorted(s[0] for s in corpus.stream())
     for groups in (2, 7):  # 7 groups > 5 shards: shards are cut into pieces
         seen = []
         for g in range(groups):
-            view = epoch_view(corpus, 0, g, groups, 3, True)
+            view = corpus.view(0, g, groups, 3, True)
             seen += [view[i][0] for i in range(len(view))]
         assert sorted(seen) == everything
-    first, second = (epoch_view(corpus, e, 0, 2, 3, True) for e in (0, 1))
+    first, second = (corpus.view(e, 0, 2, 3, True) for e in (0, 1))
     assert [first[i] for i in range(5)] != [second[i] for i in range(5)]  # reshuffled per epoch
 
 
@@ -106,7 +106,7 @@ def test_tfds_source_reads_blocks_of_records():
     with tfds.testing.mock_data(num_examples=20):  # mocked records hold str; real ones bytes
         source = tfds.data_source("lm1b", split="test")
         want = [s for s in (source[i]["text"].split() for i in range(20)) if s]
-        assert list(all_sentences(open_corpus("tfds:lm1b", "heldout"))) == want
+        assert list(open_corpus("tfds:lm1b", "heldout").stream()) == want
         blocks = ShardedCorpus("blocks", tfds_blocks("lm1b", "heldout", block=7))
         assert len(blocks.shards) == 3 and len(blocks) == len(want)
         vocab = Vocabulary.from_counts(count_words(want))

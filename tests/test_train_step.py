@@ -5,7 +5,7 @@ import pytest
 from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig, TrainHParams
-from elmo_jax.text.batcher import StreamBatcher, all_sentences
+from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
@@ -18,7 +18,7 @@ TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
 @pytest.fixture(scope="module")
 def demo():
     train, heldout = DemoCorpus("train", size=20_000), DemoCorpus("heldout")
-    vocab = Vocabulary.from_counts(count_words(all_sentences(train)))
+    vocab = Vocabulary.from_counts(count_words(train.stream()))
     return train, heldout, vocab
 
 

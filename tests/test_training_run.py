@@ -155,12 +155,12 @@ def test_missing_and_empty_data_fail_naming_the_file(tmp_path, text_data):
 
 
 def test_invalid_utf8_is_replaced_and_counted(tmp_path, caplog):
-    from elmo_jax.text.sources import all_sentences, open_corpus
+    from elmo_jax.text.sources import open_corpus
 
     path = tmp_path / "bad.txt"
     path.write_bytes(b"good line\nbad \xff\xfe byte\nfine\nmore \xc3 bad\n")
     corpus = open_corpus(f"text:{path}", "train")
-    assert len(corpus) == 4 and list(all_sentences(corpus))[1] == ["bad", "\ufffd\ufffd", "byte"]
+    assert len(corpus) == 4 and list(corpus.stream())[1] == ["bad", "\ufffd\ufffd", "byte"]
     assert "2 line(s) not valid UTF-8" in caplog.text and "lines 2, 4" in caplog.text
 
 

@@ -1,7 +1,7 @@
 """The stream batcher: B rows of packed sentences cut into windows of T (docs/MODEL.md section 5).
 
 The rows form G groups of B / G consecutive rows (one group per device in training). In epoch
-e, group g reads its own sentence stream S_eg (see `epoch_view`: the groups' streams are
+e, group g reads its own sentence stream S_eg (see `Corpus.view`: the groups' streams are
 disjoint, and shuffled from (seed, e) unless `shuffle` is off); row i of the group reads
 S_eg[i], S_eg[i + B/G], S_eg[i + 2B/G], ..., then goes on to epoch e + 1: an endless stream
 `<S> w1 ... wn </S> <S> ...`. As in bilm-tf, a sentence of n words
@@ -15,50 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
 
 import numpy as np
 
 from elmo_jax.errors import UserError
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
+from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.vocab import Vocabulary
-
-
-class Corpus(Protocol):
-    """Tokenized sentences: random access (in memory), or a `view(epoch, group, groups, seed,
-    shuffle)` of each group's epoch stream and `positions()` (see shards.ShardedCorpus)."""
-
-    name: str
-
-    def __len__(self) -> int: ...
-
-
-class _Indexed:
-    def __init__(self, corpus: Corpus, indices: np.ndarray):
-        self.corpus, self.indices = corpus, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> list[str]:
-        return self.corpus[int(self.indices[i])]
-
-
-def all_sentences(corpus: Corpus) -> Iterator[list[str]]:
-    """Every sentence of a corpus once, streamed where it is sharded."""
-    if hasattr(corpus, "stream"):
-        return corpus.stream()
-    return (corpus[i] for i in range(len(corpus)))
-
-
-def epoch_view(corpus: Corpus, epoch: int, group: int, groups: int, seed: int, shuffle: bool):
-    """The sentences group `group` of `groups` reads in `epoch`: a random-access corpus is
-    permuted from (seed, epoch) (or kept in order) and dealt to the groups in turn."""
-    if hasattr(corpus, "view"):
-        return corpus.view(epoch, group, groups, seed, shuffle)
-    n = len(corpus)
-    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    return _Indexed(corpus, order[group::groups])
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -159,7 +122,7 @@ class StreamBatcher:
     def _view(self, epoch: int, group: int):
         if (epoch, group) not in self._views:
             self._views = {key: v for key, v in self._views.items() if key[0] >= epoch - 1}
-            self._views[epoch, group] = epoch_view(self.corpus, epoch, group, self.groups, self.seed, self.shuffle)
+            self._views[epoch, group] = self.corpus.view(epoch, group, self.groups, self.seed, self.shuffle)
         return self._views[epoch, group]
 
     def _encode(self, sentences: list[list]) -> None:
@@ -272,9 +235,7 @@ class StreamBatcher:
 
     def positions_per_epoch(self) -> int:
         """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""
-        if hasattr(self.corpus, "positions"):
-            return self.corpus.positions()
-        return sum(len(s) + 1 for s in all_sentences(self.corpus) if s)
+        return self.corpus.positions()
 
     def steps_per_epoch(self) -> int:
         return math.ceil(self.positions_per_epoch() / (self.batch_size * self.unroll_steps))

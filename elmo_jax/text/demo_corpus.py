@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from elmo_jax.errors import UserError
+from elmo_jax.text.corpus import InMemory
 
 TOPIC_WORDS = {
     "money": (
@@ -234,7 +235,7 @@ def grammar() -> DemoGrammar:
 SPLITS = {"train": (0, 200_000), "heldout": (1, 5_000)}
 
 
-class DemoCorpus:
+class DemoCorpus(InMemory):
     """A fixed-size split of the demo corpus, sentence i generated on demand by index.
 
     Sentences come in blocks of BLOCK drawn from a generator seeded by (seed, split, block), so
@@ -253,6 +254,10 @@ class DemoCorpus:
 
     def __len__(self) -> int:
         return self.size
+
+    @property
+    def floor_perplexity(self) -> float:
+        return self.grammar.floor_perplexity
 
     def _block(self, b: int) -> list[list[str]]:
         if b not in self._blocks:  # kept: the whole split is a few tens of MB

@@ -124,6 +124,8 @@ class ShardedCorpus:
     """Sentences in shards. Sizes (non-empty lines per shard) and the number of predicted
     positions are counted in one streaming pass, when first needed."""
 
+    floor_perplexity = None  # unknown for real text
+
     def __init__(self, name: str, shards: list[Shard]):
         self.name, self.shards = name, shards
         self._sizes: list[int] | None = None

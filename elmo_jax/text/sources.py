@@ -15,12 +15,11 @@ warning counts such lines per shard.
 from __future__ import annotations
 
 import glob
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.text.batcher import Corpus, all_sentences
+from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.shards import Shard, ShardedCorpus, lm1b_shards, tfds_blocks, warn_invalid_utf8
 
@@ -43,19 +42,6 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     warn_invalid_utf8(str(path), bad)
 
 
-class Sentences(list):
-    """An in-memory list of tokenized sentences with a name."""
-
-    def __init__(self, sentences, name: str):
-        super().__init__(sentences)
-        self.name = name
-
-
-def first_sentences(corpus: Corpus, n: int) -> Sentences:
-    """The first n sentences of a corpus, in memory."""
-    return Sentences(itertools.islice(all_sentences(corpus), n), corpus.name)
-
-
 def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
     """A source string -> its corpus for `split` ("train" or "heldout"; text: ignores it)."""
     if source == "demo":
@@ -75,4 +61,4 @@ def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
 
 def stream_sentences(source: str, split: str = "train") -> Iterator[list[str]]:
     """The sentences of a source one at a time, without holding the corpus in memory."""
-    return all_sentences(open_corpus(source, split))
+    return open_corpus(source, split).stream()

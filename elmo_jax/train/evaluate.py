@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.text.batcher import Corpus, StreamBatcher
-from elmo_jax.text.sources import first_sentences
+from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.corpus import Corpus, first_sentences
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.step import eval_step
@@ -52,7 +52,8 @@ def evaluate(
     max_sentences: int | None = None,
     parallel: DataParallel | None = None,
 ) -> dict[str, float]:
-    """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions).
+    """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions), and
+    floor_perplexity where the corpus knows its floor (the demo corpus).
     `batch_size` rows in all, split over the devices of `parallel` (default: all devices)."""
     parallel = parallel or data_parallel()
     parallel.check_rows(batch_size, "eval batch_size")
@@ -81,9 +82,12 @@ def evaluate(
     total = np.sum(np.stack(jax.device_get(sums)), axis=0, dtype=np.float64)
     tokens = int(np.sum(jax.device_get(count)))
     forward, backward = total / tokens
-    return {
+    result = {
         "forward_perplexity": safe_exp(forward),
         "backward_perplexity": safe_exp(backward),
         "perplexity": safe_exp(0.5 * (forward + backward)),
         "tokens": tokens,
     }
+    if corpus.floor_perplexity is not None:
+        result["floor_perplexity"] = corpus.floor_perplexity
+    return result

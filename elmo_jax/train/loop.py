@@ -4,7 +4,6 @@ held-out evaluation, checkpoints and preemption."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import signal
@@ -16,124 +15,27 @@ import jax.numpy as jnp
 import ml_collections
 from jax.experimental import multihost_utils
 
-from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.experiment import model_config, train_hparams, validate
 from elmo_jax.model_io import load_model, model_options
-from elmo_jax.outputs import write_text
-from elmo_jax.text.batcher import StreamBatcher, all_sentences, epochs_done, round_up
-from elmo_jax.text.demo_corpus import grammar
+from elmo_jax.progress import ProgressBar, format_duration
+from elmo_jax.text.batcher import StreamBatcher, epochs_done
 from elmo_jax.text.sources import open_corpus
-from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
 from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.evaluate import evaluate, safe_exp
-from elmo_jax.train.metrics import MetricWriter, ProgressBar, format_duration
+from elmo_jax.train.metrics import MetricWriter
 from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.prefetch import Prefetcher
 from elmo_jax.train.run_lock import RunLock
 from elmo_jax.train.step import TrainState, init_train_state, make_train_step
 from elmo_jax.train.warm_start import warm_start
+from elmo_jax.workdir import Workdir, softmax_table_rows
 
 log = logging.getLogger(__name__)
-
-# Fields that must not change when a run resumes from a workdir's checkpoint (train.devices is
-# saved resolved: the number of devices the run used).
-RESUME_FIELDS = (
-    "train.per_device_batch_size",
-    "train.devices",
-    "train.shard_softmax",
-    "train.unroll_steps",
-    "train.seed",
-    "data.train",
-)
 
 
 class TrainingDiverged(RunFailed):
     pass
-
-
-def _get(config_dict: dict, dotted: str):
-    for key in dotted.split("."):
-        config_dict = config_dict.get(key, {}) if isinstance(config_dict, dict) else None
-    return config_dict
-
-
-def check_workdir(workdir: Path, config: ml_collections.ConfigDict) -> None:
-    """Fails, naming the differing fields, when the workdir's checkpoint is of another model."""
-    saved_path = workdir / "config.json"
-    if not (workdir / "checkpoints").is_dir() or not saved_path.is_file():
-        return
-    saved = read_run_json(saved_path)
-    diffs = model_config(config).differences(ModelConfig.from_options(saved["model"], source=str(saved_path)))
-    current = config.to_dict()
-    diffs += [
-        f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}" for k in RESUME_FIELDS if _get(current, k) != _get(saved, k)
-    ]
-    if diffs:
-        raise UserError(
-            f"{workdir} holds a checkpoint of a different run (this config vs the saved one): "
-            + "; ".join(diffs)
-            + ". Use another --workdir, or the saved config."
-        )
-
-
-def read_run_json(path: Path) -> dict:
-    """A JSON file of the workdir (config.json); a damaged one is a UserError naming it."""
-    return read_json(path, hint="; restore it, or use another --workdir")
-
-
-def workdir_vocab(workdir: Path) -> Vocabulary:
-    """WORKDIR/vocab.txt, checked against the size and hash the run recorded in config.json
-    (workdirs older than that record are checked only against the checkpoint's softmax)."""
-    path = workdir / "vocab.txt"
-    vocab = Vocabulary.load(path)
-    config_path = workdir / "config.json"
-    recorded = read_run_json(config_path).get("vocabulary") if config_path.is_file() else None
-    if recorded is not None and vocab.record() != recorded:
-        raise UserError(
-            f"{path} ({len(vocab)} words, sha256 {vocab.record()['sha256'][:12]}) is not the vocabulary this run "
-            f"recorded in {config_path} ({recorded['words']} words, sha256 {recorded['sha256'][:12]}): it was changed "
-            "or damaged; restore it, or use another --workdir"
-        )
-    return vocab
-
-
-def prepare_vocab(config: ml_collections.ConfigDict, workdir: Path, corpus) -> Vocabulary:
-    """The workdir's vocab.txt; on a first run it is copied from config.data.vocab or built."""
-    path = workdir / "vocab.txt"
-    if path.is_file():
-        vocab = workdir_vocab(workdir)
-        if config.data.vocab:
-            given = Vocabulary.load(config.data.vocab)
-            if given.words != vocab.words:
-                raise UserError(
-                    f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
-                    f"vocabulary this workdir was trained with, {path} ({len(vocab)} words)"
-                )
-        return vocab
-    if config.data.vocab:
-        vocab = Vocabulary.load(config.data.vocab)
-        if jax.process_index() == 0:
-            vocab.save(path)
-        return vocab
-    log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
-    vocab, stats = build_vocabulary(all_sentences(corpus), config.data.min_count)
-    log.info("%s: %s", corpus.name, summary(stats))
-    if jax.process_index() == 0:
-        vocab.save(path)
-    return vocab
-
-
-def eval_summary(result: dict[str, float], source: str) -> dict[str, float]:
-    """Adds the demo corpus's floor perplexity where it applies."""
-    if source == "demo":
-        result = {**result, "floor_perplexity": grammar().floor_perplexity}
-    return result
-
-
-def softmax_table_rows(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Rows of the softmax table: V, padded to a multiple of the devices when it is sharded."""
-    return round_up(vocab_size, config.train.devices) if config.train.shard_softmax else vocab_size
 
 
 def abstract_train_state(
@@ -152,19 +54,6 @@ def abstract_train_state(
     else:
         shardings = parallel.state_shardings(abstract, config.train.shard_softmax)
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-
-
-def check_vocab(
-    checkpoints: Checkpoints, step: int, config: ml_collections.ConfigDict, vocab: Vocabulary, path: Path
-) -> None:
-    """Fails, naming both sizes, when the vocabulary does not fit the softmax of the checkpoint
-    of `step`."""
-    rows, expected = checkpoints.softmax_table_rows(step), softmax_table_rows(config, len(vocab))
-    if rows != expected:
-        raise UserError(
-            f"{path} has {len(vocab)} words (a softmax of {expected} rows) but the checkpoint in "
-            f"{checkpoints.directory} has a softmax of {rows} rows: not the vocabulary it was trained with"
-        )
 
 
 def resolve_config(config: ml_collections.ConfigDict, parallel: DataParallel) -> ml_collections.ConfigDict:
@@ -261,8 +150,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     """Runs (or resumes) training in `workdir`; returns the final held-out evaluation ({} when
     stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run)."""
     validate(config)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = Workdir(workdir)
+    workdir.path.mkdir(parents=True, exist_ok=True)
     lock = RunLock(workdir) if jax.process_index() == 0 else None
     preemption = Preemption()
     try:
@@ -273,23 +162,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
             lock.release()
 
 
-def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preemption) -> dict[str, float]:
+def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Preemption) -> dict[str, float]:
     parallel = data_parallel(config.train.devices)
     config = resolve_config(config, parallel)
     t = config.train
     parallel.check_rows(t.eval_batch_size, "config.train.eval_batch_size")
-    check_workdir(workdir, config)
+    workdir.check_resume(config)
     model = model_config(config)
     train_corpus = open_corpus(config.data.train, "train")
     if len(train_corpus) == 0:
         raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
-    vocab = prepare_vocab(config, workdir, train_corpus)
+    vocab = workdir.training_vocab(config, train_corpus)
     hp = train_hparams(config, len(vocab))
-    if jax.process_index() == 0:
-        write_text(
-            workdir / "config.json", json.dumps({**config.to_dict(), "vocabulary": vocab.record()}, indent=2) + "\n"
-        )
+    workdir.write_config(config, vocab)
 
     batch_size = t.per_device_batch_size * parallel.size
     batcher = StreamBatcher(
@@ -321,7 +207,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
         total_steps,
     )
 
-    checkpoints = Checkpoints(workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints)
+    checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints)
     abstract = abstract_train_state(config, len(vocab), parallel)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     start = checkpoints.good_step(quarantine=True)
@@ -341,7 +227,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
                 rows["new"],
             )
     else:
-        check_vocab(checkpoints, start, config, vocab, workdir / "vocab.txt")
+        workdir.check_vocab(checkpoints.softmax_table_rows(start), config, vocab)
         state, data_state = checkpoints.restore(start, abstract, parallel, batch_size)
         batcher.restore(data_state)
         log.info("resumed from the checkpoint at step %d", start)
@@ -396,7 +282,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
                     t.eval_sentences or None,
                     parallel,
                 )
-                _log_eval(step, eval_summary(result, config.data.heldout), writer)
+                _log_eval(step, result, writer)
             bar.update(step, start + 1, f"loss {window.get('last_loss', float('nan')):.3f}")
             if stopped:
                 log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
@@ -410,10 +296,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, preemption: Preempt
     if heldout is not None and not stopped:
         preemption.interrupt = True
         try:
-            result = eval_summary(
-                evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, parallel=parallel),
-                config.data.heldout,
-            )
+            result = evaluate(state.params, heldout, vocab, model, t.eval_batch_size, t.unroll_steps, parallel=parallel)
             _log_eval(step, result, writer)
         except Stopped as signal_name:
             log.info(

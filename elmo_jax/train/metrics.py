@@ -1,34 +1,25 @@
-"""Where training numbers go: a log line, metrics.jsonl and TensorBoard event files in the
-workdir (tensorboardX: no TensorFlow needed), plus a progress bar on a terminal. Only process
-0 writes files."""
+"""Where training numbers go: metrics.jsonl and TensorBoard event files in the workdir
+(tensorboardX: no TensorFlow needed). Only process 0 writes them."""
 
 from __future__ import annotations
 
 import json
-import sys
-import time
-from pathlib import Path
 
 import jax
 
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+from elmo_jax.workdir import Workdir
 
 
 class MetricWriter:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Workdir):
         self.is_writer = jax.process_index() == 0
         self.jsonl = None
         self.tensorboard = None
         if self.is_writer:
             from tensorboardX import SummaryWriter
 
-            self.jsonl = open(Path(workdir) / "metrics.jsonl", "a")
-            self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
+            self.jsonl = open(workdir.metrics_jsonl, "a")
+            self.tensorboard = SummaryWriter(str(workdir.tensorboard))
 
     def write(self, step: int, kind: str, values: dict[str, float]) -> None:
         """One record: `kind` is "train" or "eval"; values are plain floats."""
@@ -44,37 +35,3 @@ class MetricWriter:
         if self.is_writer:
             self.jsonl.close()
             self.tensorboard.close()
-
-
-class ProgressBar:
-    """A one-line bar with rate and ETA, drawn only when stdout is a terminal."""
-
-    def __init__(self, total: int, unit: str = "step"):
-        self.total, self.unit = total, unit
-        self.enabled = sys.stdout.isatty() and jax.process_index() == 0
-        self.start = time.monotonic()
-        self.last_draw = 0.0
-
-    def update(self, done: int, first: int = 0, suffix: str = "") -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last_draw < 0.2 and done < self.total):
-            return
-        self.last_draw = now
-        rate = (done - first) / self.elapsed()
-        eta = (self.total - done) / rate if rate > 0 else 0.0
-        width = 30
-        filled = int(width * done / max(self.total, 1))
-        bar = "#" * filled + "." * (width - filled)
-        sys.stdout.write(
-            f"\r[{bar}] {done}/{self.total} {rate:.1f} {self.unit}/s ETA {format_duration(eta)} {suffix}\033[K"
-        )
-        sys.stdout.flush()
-
-    def elapsed(self) -> float:
-        """Seconds since `start` (more than 0)."""
-        return max(time.monotonic() - self.start, 1e-9)
-
-    def clear(self) -> None:
-        if self.enabled:
-            sys.stdout.write("\r\033[K")
-            sys.stdout.flush()
