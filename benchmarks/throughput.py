@@ -215,7 +215,10 @@ def main() -> None:
     options, vocab_size, negatives, default_batch = CONFIGS[args.config]
     B, T = args.per_device_batch or default_batch, args.unroll_steps
     config = dataclasses.replace(
-        ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule
+        ModelConfig.from_options(options),
+        compute_dtype=DTYPES[args.dtype],
+        lstm_schedule=args.lstm_schedule,
+        scan_unroll=args.scan_unroll,
     )
     device = jax.devices()[0]
     if args.mode == "embed":
@@ -236,7 +239,7 @@ def main() -> None:
             np.pad(b["chars"], ((0, 0), (0, W - w)), constant_values=PAD_CHAR + 1), ((0, U - u), (0, 0))
         )
     start = time.perf_counter()
-    step_fn = make_train_step(config, hp, unroll=args.scan_unroll).lower(state, host[0]).compile()
+    step_fn = make_train_step(config, hp).lower(state, host[0]).compile()
     compile_s = time.perf_counter() - start
 
     def run(batch):

@@ -65,13 +65,15 @@ class CharCNNConfig:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The model's options, plus how it computes (not part of options.json): the dtype its
-    matmuls run in (params, cell state, clipping and log-sum-exps are float32 either way) and
-    the LSTM layers' schedule (LSTM_SCHEDULES; the same numbers either way)."""
+    matmuls run in (params, cell state, clipping and log-sum-exps are float32 either way), the
+    LSTM layers' schedule (LSTM_SCHEDULES) and the unroll of their time loop (the same numbers
+    either way)."""
 
     lstm: LSTMConfig
     char_cnn: CharCNNConfig
     compute_dtype: str = "float32"
     lstm_schedule: str = "auto"
+    scan_unroll: int = 1  # jax.lax.fori_loop unroll of the LSTM time loop
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
@@ -113,6 +115,8 @@ class ModelConfig:
                 )
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise UserError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
+        if not (isinstance(self.scan_unroll, int) and self.scan_unroll >= 1):
+            raise UserError(f"{source}: scan_unroll {self.scan_unroll!r} is not an integer >= 1")
         if self.lstm_schedule not in LSTM_SCHEDULES:
             raise UserError(f"{source}: lstm_schedule {self.lstm_schedule!r} is not one of {LSTM_SCHEDULES}")
         if self.char_cnn.n_characters != N_CHARACTERS:

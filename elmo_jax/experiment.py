@@ -15,6 +15,10 @@ import ml_collections
 from elmo_jax.config import COMPUTE_DTYPES, LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams
 from elmo_jax.errors import UserError
 
+# The defaults have one home: the recipe's in TrainHParams, how the model computes in ModelConfig.
+_RECIPE = TrainHParams()
+_COMPUTE = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+
 
 def base_config(model_options: dict) -> ml_collections.ConfigDict:
     """Defaults: the original bilm-tf recipe on the built-in demo corpus. Experiments override."""
@@ -22,24 +26,25 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(model_options)
 
     config.train = ml_collections.ConfigDict()
-    config.train.per_device_batch_size = 128  # rows per step per device; the global batch is this x devices
+    # rows per step per device; the global batch is this x devices
+    config.train.per_device_batch_size = _RECIPE.batch_size
     config.train.devices = 0  # devices in the data-parallel mesh; 0 = all (of all processes)
-    config.train.compute_dtype = "float32"  # or "bfloat16": matmul operands; params and cell state stay float32
-    config.train.lstm_schedule = (
-        "auto"  # "wavefront" (all layers in one time loop), "layers" (a loop each); auto: layers on CPU
-    )
+    # "float32" or "bfloat16": matmul operands; params and cell state stay float32
+    config.train.compute_dtype = _COMPUTE["compute_dtype"]
+    # "wavefront" (all layers in one time loop), "layers" (a loop each); "auto": layers on CPU
+    config.train.lstm_schedule = _COMPUTE["lstm_schedule"]
     config.train.shard_softmax = False  # shard the softmax table by rows over the devices (huge vocabularies)
-    config.train.unroll_steps = 20  # window T
-    config.train.sample_softmax = True  # False: train with the full softmax over the whole vocabulary
-    config.train.n_negative_samples_batch = 8192  # candidates per direction and step (sampled softmax)
-    config.train.dropout = 0.1
-    config.train.all_clip_norm_val = 10.0
-    config.train.learning_rate = 0.2
-    config.train.initial_accumulator_value = 1.0
+    config.train.unroll_steps = _RECIPE.unroll_steps  # window T
+    config.train.sample_softmax = _RECIPE.sample_softmax  # False: the full softmax over the whole vocabulary
+    config.train.n_negative_samples_batch = _RECIPE.n_negative_samples_batch  # candidates per direction and step
+    config.train.dropout = _RECIPE.dropout
+    config.train.all_clip_norm_val = _RECIPE.all_clip_norm_val
+    config.train.learning_rate = _RECIPE.learning_rate
+    config.train.initial_accumulator_value = _RECIPE.initial_accumulator_value
     config.train.n_epochs = 10.0  # passes over the training data; the run length derives from it
     config.train.max_steps = 0  # > 0 caps the run
     config.train.seed = 0
-    config.train.scan_unroll = 1  # jax.lax.scan unroll of the LSTM time loop
+    config.train.scan_unroll = _COMPUTE["scan_unroll"]  # unroll of the LSTM time loop
     config.train.log_every = 100
     config.train.eval_every = 1000  # held-out evaluation; 0 = only at the end
     config.train.eval_sentences = 2000  # sentences per periodic evaluation; 0 = all
@@ -130,8 +135,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
+    t = config.train
     model = dataclasses.replace(
-        model, compute_dtype=config.train.compute_dtype, lstm_schedule=config.train.lstm_schedule
+        model, compute_dtype=t.compute_dtype, lstm_schedule=t.lstm_schedule, scan_unroll=t.scan_unroll
     )
     model.validate("config.train")
     return model

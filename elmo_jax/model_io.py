@@ -21,7 +21,7 @@ import jax
 
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.experiment import model_config, train_hparams
+from elmo_jax.experiment import train_hparams
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
@@ -106,9 +106,9 @@ def _softmax_rows(path: Path) -> int | None:
 
 
 def _load_workdir(workdir: Workdir) -> Model:
-    config, vocab, params, _ = workdir.restore_params()
-    options = train_hparams(config, len(vocab)).options_fields()
-    return Model(model_config(config), params, vocab, options)
+    run = workdir.restore_params()
+    options = train_hparams(run.config, len(run.vocab)).options_fields()
+    return Model(run.model_config, run.params, run.vocab, options)
 
 
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:

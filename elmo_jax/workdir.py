@@ -50,6 +50,7 @@ class RunParams(NamedTuple):
     """What a finished (or running) training run holds for inference."""
 
     config: ml_collections.ConfigDict  # the run's saved config
+    model_config: ModelConfig  # its model, as it computes
     vocab: Vocabulary
     params: Params  # see elmo_jax.model.bilm; the softmax cut to len(vocab) rows
     step: int
@@ -133,13 +134,14 @@ class Workdir:
             vocab.save(self.vocab_txt)
         return vocab
 
-    def check_resume(self, config: ml_collections.ConfigDict) -> None:
-        """Fails, naming the differing fields, when the folder's checkpoint is of another run."""
+    def check_resume(self, config: ml_collections.ConfigDict, model_config: ModelConfig) -> None:
+        """Fails, naming the differing fields, when the folder's checkpoint is of another run
+        than `config` (whose model is `model_config`)."""
         if not self.is_run():
             return
         saved = self.saved()
         saved_model = ModelConfig.from_options(saved["model"], source=str(self.config_json))
-        diffs = model_config(config).differences(saved_model)
+        diffs = model_config.differences(saved_model)
         current = config.to_dict()
         diffs += [
             f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}"
@@ -169,6 +171,7 @@ class Workdir:
         from elmo_jax.train.checkpoint import Checkpoints  # Orbax: only when a checkpoint is read
 
         config, vocab = self.saved_config(), self.vocab()
+        run_model = model_config(config)
         checkpoints = Checkpoints(self.checkpoints)
         try:
             step = checkpoints.good_step()
@@ -177,14 +180,14 @@ class Workdir:
             rows = checkpoints.softmax_table_rows(step)
             self.check_vocab(rows, config, vocab)
             device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), model_config(config), rows))
+            abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), run_model, rows))
             abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
             params = checkpoints.restore_params(step, abstract)
         finally:
             checkpoints.close()
         # A table sharded by rows was padded to a multiple of the devices.
         params["softmax"] = jax.tree.map(lambda x: x[: len(vocab)], params["softmax"])
-        return RunParams(config, vocab, params, step)
+        return RunParams(config, run_model, vocab, params, step)
 
 
 def _get(config_dict: dict, dotted: str):

@@ -12,8 +12,9 @@ from test_training_run import losses, tiny_config
 
 from elmo_jax.errors import UserError
 from elmo_jax.train import loop
+from elmo_jax.train.divergence import TrainingDiverged
 from elmo_jax.train.evaluate_run import evaluate_workdir
-from elmo_jax.train.loop import TrainingDiverged, train
+from elmo_jax.train.loop import train
 
 
 @pytest.fixture(scope="module")

@@ -101,8 +101,9 @@ def test_stacks_match_numpy_layer_after_layer(n_layers, skip, schedule):
         want_out, want_h, want_c = numpy_stacks(params, x, mask, state.h, state.c, config, keep_masks)
         assert np.isclose(np.abs(want_c).max(), config.lstm.cell_clip)
         for unroll in (1, 4):
-            run = jax.jit(lstm_stacks, static_argnames=("config", "dropout", "unroll"))
-            out, new = run(params, x, mask, state, config, keep_masks, dropout=RATE, unroll=unroll)
+            run = jax.jit(lstm_stacks, static_argnames=("config", "dropout"))
+            unrolled = dataclasses.replace(config, scan_unroll=unroll)
+            out, new = run(params, x, mask, state, unrolled, keep_masks, dropout=RATE)
             np.testing.assert_allclose(out, want_out, atol=1e-5)
             np.testing.assert_allclose(new.h, want_h, atol=1e-5)
             np.testing.assert_allclose(new.c, want_c, atol=1e-5)

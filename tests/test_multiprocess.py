@@ -99,10 +99,9 @@ def test_two_processes_train_like_one(tmp_path, text_data):
         got, expected = json.loads(final), json.loads(want)
         assert got["tokens"] == expected["tokens"]
         assert got["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-5)
-    config, _, params_two, step = Workdir(two).restore_params()
-    params_one = Workdir(one).restore_params().params
-    assert step == 6 and config.train.devices == 4
-    for a, b in zip(jax.tree.leaves(params_two), jax.tree.leaves(params_one)):
+    run_two, run_one = Workdir(two).restore_params(), Workdir(one).restore_params()
+    assert run_two.step == 6 and run_two.config.train.devices == 4
+    for a, b in zip(jax.tree.leaves(run_two.params), jax.tree.leaves(run_one.params)):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 

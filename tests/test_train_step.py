@@ -44,8 +44,7 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
 
     def objective(p):
         return (
-            hp.unroll_steps
-            * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, 1, data_parallel(1).mesh)[0]
+            hp.unroll_steps * _loss(p, batch, state.lstm_state, k_dropout, whole, config, hp, data_parallel(1).mesh)[0]
         )
 
     grads = jax.jit(jax.grad(objective))(state.params)

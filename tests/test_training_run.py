@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from tiny_models import tiny_options
 
-from elmo_jax.train.loop import TrainingDiverged, train
+from elmo_jax.train.divergence import TrainingDiverged
+from elmo_jax.train.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = tiny_options(32, 8, 4, [[1, 8], [2, 8]])

@@ -39,14 +39,13 @@ def bilm_top(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
-    unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """Training/evaluation view: the batch's distinct tokens (U, C) and, for the forward stream
     and the backward stream (already reversed within each sentence), the token at each position
     (2, B, T) -> top LSTM layer (2, B, T, P) and the new state. Each distinct token is encoded
     once."""
     tokens_UP = encode_tokens(params["token_encoder"], chars_UC, config)
-    return lstm_top(params["lstm"], tokens_UP, ids_2BT, mask_BT, state, config, unroll=unroll)
+    return lstm_top(params["lstm"], tokens_UP, ids_2BT, mask_BT, state, config)
 
 
 def lstm_top(
@@ -58,12 +57,11 @@ def lstm_top(
     config: ModelConfig,
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
-    unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """Encoded tokens (U, P) gathered at the positions (2, B, T) -> top LSTM layer (2, B, T, P)
     and the new state. With `keep_masks` (L + 1, 2, B, T, P), dropout as bilm-tf applies it:
     on each layer's input, and once more on the top output."""
-    layers, state = lstm_stacks(lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks, dropout, unroll)
+    layers, state = lstm_stacks(lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks, dropout)
     top = layers[-1]
     if keep_masks is not None:
         top = apply_dropout(keep_masks[config.lstm.n_layers], top, dropout)
@@ -80,7 +78,7 @@ def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:
 
 
 def bilm_layers(
-    params: Params, chars_BTC: jax.Array, state: LSTMState, config: ModelConfig, unroll: int = 1
+    params: Params, chars_BTC: jax.Array, state: LSTMState, config: ModelConfig
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Inference view: sentences (B, T, C) with `<S>`/`</S>` in place, left-aligned, padded
     slots all 0 -> every layer (L + 1, B, T, 2P), mask (B, T) and the new state.
@@ -91,7 +89,7 @@ def bilm_layers(
     B, T, C = chars_BTC.shape
     mask_BT = jnp.any(chars_BTC > 0, axis=-1)
     tokens_NP = encode_tokens(params["token_encoder"], chars_BTC.reshape(B * T, C), config)
-    layers, state = layers_of_tokens(params["lstm"], tokens_NP.reshape(B, T, -1), mask_BT, state, config, unroll)
+    layers, state = layers_of_tokens(params["lstm"], tokens_NP.reshape(B, T, -1), mask_BT, state, config)
     return layers, mask_BT, state
 
 
@@ -101,7 +99,6 @@ def layers_of_tokens(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
-    unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """The token vector at each position (B, T, P) of left-aligned sentences with `<S>`/`</S>`
     in place, and their mask (B, T) -> every layer (L + 1, B, T, 2P) as `bilm_layers` gives
@@ -109,7 +106,7 @@ def layers_of_tokens(
     lengths = mask_BT.sum(axis=1)
     tokens_BTP = jnp.where(mask_BT[..., None], tokens_BTP, 0.0)
     x_2BTP = jnp.stack([tokens_BTP, reverse_within(tokens_BTP, lengths)])
-    layers_L2BTP, state = lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config, unroll=unroll)
+    layers_L2BTP, state = lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config)
     backward = jax.vmap(lambda x: reverse_within(x, lengths))(layers_L2BTP[:, 1])
     lstm_layers = jnp.concatenate([layers_L2BTP[:, 0], backward], axis=-1)
     token_layer = jnp.concatenate([tokens_BTP, tokens_BTP], axis=-1)[None]

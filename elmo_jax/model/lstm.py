@@ -289,7 +289,6 @@ def lstm_stacks(
     config: ModelConfig,
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
-    unroll: int = 1,
 ) -> tuple[jax.Array, LSTMState]:
     """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state.
 
@@ -297,11 +296,17 @@ def lstm_stacks(
     keep_masks[l] is False and scaled by 1 / (1 - dropout) elsewhere, as bilm-tf's
     DropoutWrapper does, and the residual (layers >= 1 with skip connections) adds the
     dropped-out input. Outputs are 0 where mask is False, and masked positions leave the state
-    unchanged. Matmuls run in `config.compute_dtype`; `unroll` unrolls the time loop; the layers
+    unchanged. Matmuls run in `config.compute_dtype`; `config.scan_unroll` unrolls the time loop; the layers
     run as `schedule(config)` says, to the same numbers.
     """
     cfg = config.lstm
-    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), cfg.use_skip_connections, dropout, unroll, config.compute_dtype)
+    st = _Stack(
+        _Clips(cfg.cell_clip, cfg.proj_clip),
+        cfg.use_skip_connections,
+        dropout,
+        config.scan_unroll,
+        config.compute_dtype,
+    )
     groups = (
         [range(cfg.n_layers)]
         if schedule(config) == "wavefront"

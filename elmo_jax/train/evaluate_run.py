@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 from elmo_jax.errors import RunFailed
-from elmo_jax.experiment import model_config
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.workdir import Workdir
@@ -19,14 +18,14 @@ def evaluate_workdir(
 
     Rows carry their LSTM state from sentence to sentence, so the number depends on the batch
     size; by default it is the run's own (config.train.eval_batch_size), as in training."""
-    config, vocab, params, step = Workdir(workdir).restore_params()
+    config, model_config, vocab, params, step = Workdir(workdir).restore_params()
     source = source or config.data.heldout or "demo"
     corpus = open_corpus(source, "heldout")
     result = evaluate(
         params,
         corpus,
         vocab,
-        model_config(config),
+        model_config,
         batch_size or config.train.eval_batch_size,
         config.train.unroll_steps,
         max_sentences,

@@ -1,13 +1,20 @@
-"""Where training numbers go: metrics.jsonl and TensorBoard event files in the workdir
-(tensorboardX: no TensorFlow needed). Only process 0 writes them."""
+"""The training run's record: a log line per window of steps and per evaluation, and the same
+numbers in metrics.jsonl and TensorBoard event files in the workdir (tensorboardX: no
+TensorFlow needed). Only process 0 writes files."""
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 
 import jax
 
+from elmo_jax.progress import format_duration
+from elmo_jax.train.evaluate import safe_exp
 from elmo_jax.workdir import Workdir
+
+log = logging.getLogger(__name__)
 
 
 class MetricWriter:
@@ -35,3 +42,72 @@ class MetricWriter:
         if self.is_writer:
             self.jsonl.close()
             self.tensorboard.close()
+
+
+class TrainWindow:
+    """The steps since the last log line: their summed metrics, tokens and time. `softmax`
+    ("sampled" or "full") says what the train perplexities are of."""
+
+    def __init__(self, writer: MetricWriter, total_steps: int, softmax: str):
+        self.writer, self.total_steps, self.softmax = writer, total_steps, softmax
+        self.last_loss = float("nan")
+        self.restart()
+
+    def restart(self) -> None:
+        """An empty window from now (also: rates exclude the compile before it)."""
+        self.start, self.steps, self.tokens, self.sums = time.monotonic(), 0, 0, {}
+
+    def add(self, values: dict[str, float]) -> None:
+        """One step's metrics as plain floats (loss, loss_forward, loss_backward, grad_norm, tokens)."""
+        values = dict(values)
+        self.steps += 1
+        self.tokens += values.pop("tokens")
+        for k, v in values.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.last_loss = values["loss"]
+
+    def log(self, step: int, epoch: float) -> None:
+        """Logs and writes the window's means, then starts a new window."""
+        elapsed = time.monotonic() - self.start
+        n = max(self.steps, 1)
+        mean = {k: v / n for k, v in self.sums.items()}
+        step_time = elapsed / n
+        values = {
+            **mean,
+            "perplexity_forward": safe_exp(mean["loss_forward"]),
+            "perplexity_backward": safe_exp(mean["loss_backward"]),
+            "tokens_per_sec": self.tokens / max(elapsed, 1e-9),
+            "step_time_s": step_time,
+            "epoch": epoch,
+        }
+        log.info(
+            "step %d/%d | epoch %.2f | loss %.3f | train ppl fwd %.1f bwd %.1f (%s) | grad norm %.2f | "
+            "%s tok/s | %.0f ms/step | ETA %s",
+            step,
+            self.total_steps,
+            epoch,
+            mean["loss"],
+            values["perplexity_forward"],
+            values["perplexity_backward"],
+            self.softmax,
+            mean["grad_norm"],
+            f"{values['tokens_per_sec']:,.0f}",
+            1000 * step_time,
+            format_duration((self.total_steps - step) * step_time),
+        )
+        self.writer.write(step, "train", values)
+        self.restart()
+
+
+def log_eval(step: int, result: dict[str, float], writer: MetricWriter) -> None:
+    floor = f" (floor {result['floor_perplexity']:.2f})" if "floor_perplexity" in result else ""
+    log.info(
+        "step %d | held-out perplexity %.2f (forward %.2f, backward %.2f) over %d tokens%s",
+        step,
+        result["perplexity"],
+        result["forward_perplexity"],
+        result["backward_perplexity"],
+        result["tokens"],
+        floor,
+    )
+    writer.write(step, "eval", {k: float(v) for k, v in result.items()})

@@ -76,6 +76,16 @@ def init_train_state(
     )
 
 
+def abstract_train_state(
+    config: ModelConfig, hp: TrainHParams, batch_size: int, table_rows: int, parallel: DataParallel, shard_softmax: bool
+) -> TrainState:
+    """Shapes, dtypes and shardings (DataParallel.state_shardings) of `init_train_state`'s
+    state, to restore a checkpoint into and to lay the step out."""
+    abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, batch_size, table_rows))
+    shardings = parallel.state_shardings(abstract, shard_softmax)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
 class SoftmaxRows(NamedTuple):
     """The rows of the softmax table one step uses and where its ids sit among them.
 
@@ -125,7 +135,7 @@ def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, voca
 
 
 def _local_losses(
-    lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, unroll, vocab_size
+    lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, vocab_size
 ):
     """One device's rows b of the batch -> (2,) summed cross entropy of all devices / n_tokens,
     and the rows' new state. Runs under shard_map: the recurrences and their weight gradients
@@ -137,7 +147,7 @@ def _local_losses(
         lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table, tokens_UP)
     )
     with jax.named_scope("lstm"):
-        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, unroll)
+        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout)
     mask_n = mask_bT.reshape(-1)
     sums = []
     with jax.named_scope("softmax"):
@@ -156,7 +166,6 @@ def _loss(
     used: SoftmaxRows | None,
     config: ModelConfig,
     hp: TrainHParams,
-    unroll: int,
     mesh,
 ):
     """The mean loss 0.5 * (forward + backward) and ((forward, backward), new state).
@@ -198,7 +207,7 @@ def _loss(
                 PartitionSpec(None, None, AXIS),
             )
     local = jax.shard_map(
-        functools.partial(_local_losses, config=config, dropout=hp.dropout, unroll=unroll, vocab_size=vocab_size),
+        functools.partial(_local_losses, config=config, dropout=hp.dropout, vocab_size=vocab_size),
         mesh=mesh,
         in_specs=(
             PartitionSpec(),
@@ -266,7 +275,7 @@ def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: Softm
 
 
 def train_step(
-    state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, mesh, unroll: int = 1
+    state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, mesh
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adagrad step; metrics: loss, loss_forward, loss_backward (means over the
     positions), grad_norm (of the unroll_steps-scaled gradient, before clipping), tokens."""
@@ -282,9 +291,7 @@ def train_step(
         used, gathered = None, table
     params = {**state.params, "softmax": gathered}
     grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)
-    grads, (loss, (losses, lstm_state)) = grad_fn(
-        params, batch, state.lstm_state, k_dropout, used, config, hp, unroll, mesh
-    )
+    grads, (loss, (losses, lstm_state)) = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, mesh)
     with jax.named_scope("optimizer"):
         new_params, opt_state, grad_norm = _apply_gradients(state, grads, gathered, used, hp)
     metrics = {
@@ -303,14 +310,12 @@ def train_step(
     return new_state, metrics
 
 
-def make_train_step(
-    config: ModelConfig, hp: TrainHParams, unroll: int = 1, parallel: DataParallel | None = None, state_shardings=None
-):
+def make_train_step(config: ModelConfig, hp: TrainHParams, parallel: DataParallel | None = None, state_shardings=None):
     """The jitted train step over `parallel`'s mesh (default: one device, arrays left where
     they are); the incoming state's buffers are donated. With `state_shardings` (see
     DataParallel.state_shardings) the state and the batch are laid out on the mesh."""
     mesh = (parallel or data_parallel(1)).mesh
-    step = functools.partial(train_step, config=config, hp=hp, mesh=mesh, unroll=unroll)
+    step = functools.partial(train_step, config=config, hp=hp, mesh=mesh)
     if state_shardings is None:
         return jax.jit(step, donate_argnums=0)
     return jax.jit(
@@ -322,11 +327,11 @@ def make_train_step(
 
 
 def eval_step(
-    params: dict, batch: Batch, lstm_state: LSTMState, *, config: ModelConfig, vocab_size: int, unroll: int = 1
+    params: dict, batch: Batch, lstm_state: LSTMState, *, config: ModelConfig, vocab_size: int
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Full-softmax evaluation over the first `vocab_size` table rows, no dropout: summed cross
     entropy per direction (2,), the number of positions, and the carried state."""
-    top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config, unroll)
+    top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config)
     h_2NP = top_2BTP.reshape(2, -1, top_2BTP.shape[-1])
     targets_2N, mask_N = batch["targets"].reshape(2, -1), batch["mask"].reshape(-1)
     W, b = params["softmax"]["W"], params["softmax"]["b"]
