@@ -68,9 +68,7 @@ def main() -> None:
         return jax.grad(lambda p: jnp.sum(encode_tokens(p, chars, config)))(p)
 
     def lstms(p, x):
-        return jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, batch["mask"], LSTMState.zeros(config, B), config)[0][-1]))(
-            p
-        )
+        return jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, batch.mask, LSTMState.zeros(config, B), config)[0][-1]))(p)
 
     candidates = jnp.arange(S)
     log_q = jnp.zeros(S)
@@ -81,7 +79,7 @@ def main() -> None:
                 jnp.sum(
                     sampled_softmax_ce(
                         h[d],
-                        batch["targets"][d].reshape(-1),
+                        batch.targets[d].reshape(-1),
                         W,
                         b,
                         candidates,
@@ -99,7 +97,7 @@ def main() -> None:
     h = x.reshape(2, B * T, P)
     step = make_train_step(config, hp)
     parts = {
-        "token encoder": timed(jax.jit(encoder), params["token_encoder"], batch["chars"]),
+        "token encoder": timed(jax.jit(encoder), params["token_encoder"], batch.chars),
         "LSTMs": timed(jax.jit(lstms), params["lstm"], x),
         "sampled softmax": timed(jax.jit(softmax), params["softmax"]["W"], params["softmax"]["b"], h),
     }
@@ -112,7 +110,7 @@ def main() -> None:
     whole = timed(run_step, batch)
     print(
         f"{args.config} {args.dtype} B={B} on {jax.devices()[0].device_kind}: step {1000 * whole:.1f} ms "
-        f"({len(batch['chars'])} distinct-word rows)"
+        f"({len(batch.chars)} distinct-word rows)"
     )
     for name, seconds in parts.items():
         print(f"  {name:16s} {1000 * seconds:7.1f} ms  {100 * seconds / whole:5.1f}% of the step")

@@ -51,6 +51,7 @@ from elmo_jax.model.bilm import init_params  # noqa: E402
 from elmo_jax.model.lstm import schedule  # noqa: E402
 from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable  # noqa: E402
+from elmo_jax.text.corpus import InMemory  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
 from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
@@ -89,7 +90,7 @@ def synthetic_corpus(vocab_size: int, sentences: int, seed: int = 0):
     p = 1.0 / np.arange(1, n_words + 1)
     ids = rng.choice(n_words, size=(sentences, 25), p=p / p.sum())
 
-    class Corpus:
+    class Synthetic(InMemory):
         name = "synthetic"
 
         def __len__(self):
@@ -98,7 +99,7 @@ def synthetic_corpus(vocab_size: int, sentences: int, seed: int = 0):
         def __getitem__(self, i):
             return [words[j] for j in ids[i]]
 
-    return Corpus(), Vocabulary(list(SPECIAL_TOKENS) + words)
+    return Synthetic(), Vocabulary(list(SPECIAL_TOKENS) + words)
 
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
@@ -232,12 +233,16 @@ def main() -> None:
     host = [next(batches) for _ in range(args.warmup + args.steps + args.profile)]
     # One distinct-word bucket and one width for all (more padding characters change nothing):
     # one compile.
-    U, W = max(b["chars"].shape[0] for b in host), max(b["chars"].shape[1] for b in host)
-    for b in host:
-        u, w = b["chars"].shape
-        b["chars"] = np.pad(
-            np.pad(b["chars"], ((0, 0), (0, W - w)), constant_values=PAD_CHAR + 1), ((0, U - u), (0, 0))
+    U, W = max(b.chars.shape[0] for b in host), max(b.chars.shape[1] for b in host)
+    host = [
+        b._replace(
+            chars=np.pad(
+                np.pad(b.chars, ((0, 0), (0, W - b.chars.shape[1])), constant_values=PAD_CHAR + 1),
+                ((0, U - b.chars.shape[0]), (0, 0)),
+            )
         )
+        for b in host
+    ]
     start = time.perf_counter()
     step_fn = make_train_step(config, hp).lower(state, host[0]).compile()
     compile_s = time.perf_counter() - start

@@ -32,7 +32,7 @@ from elmo_jax.model.bilm import bilm_layers
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.scalar_mix import Frozen, ScalarMix
 from elmo_jax.model_io import Model, load_model
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, encode_tokens
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, token_char_ids
 
 
 class Elmo(nnx.Module):
@@ -138,7 +138,7 @@ def with_sentence_boundaries(char_ids_BTC: jax.Array) -> jax.Array:
     before each sentence and `</S>` after its last token (as `text.chars` encodes them)."""
     B, T, C = char_ids_BTC.shape
     lengths = jnp.any(char_ids_BTC > 0, axis=-1).sum(axis=1)
-    bos, eos = encode_tokens([BOS_TOKEN, EOS_TOKEN], C)
+    bos, eos = token_char_ids([BOS_TOKEN, EOS_TOKEN], C)
     padded = jnp.pad(char_ids_BTC, ((0, 0), (1, 1), (0, 0))).at[:, 0].set(bos)
     at_end = (jnp.arange(T + 2)[None, :] == lengths[:, None] + 1)[..., None]
     return jnp.where(at_end, eos, padded)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from elmo_jax.config import ModelConfig, TrainHParams
-from elmo_jax.text.batcher import char_columns
+from elmo_jax.text.batcher import Batch, char_columns
 from elmo_jax.train.step import TrainState, init_train_state
 
 DIRECTIONS = ("forward", "backward")
@@ -77,19 +77,19 @@ def params_to_tf(tree: dict, config: ModelConfig) -> dict[str, np.ndarray]:
     return out
 
 
-def batch_from_tf(step: h5py.Group, char_window: int) -> dict:
+def batch_from_tf(step: h5py.Group, char_window: int) -> Batch:
     """A recorded bilm-tf batch (raw training char ids) -> our batch of distinct words, their
     padding columns cut as the batcher cuts them for a widest filter of `char_window`."""
     chars = np.stack([step["batch/tokens_characters"][...], step["batch/tokens_characters_reverse"][...]])
     words, ids = np.unique(chars.reshape(-1, chars.shape[-1]) + 1, axis=0, return_inverse=True)
     words = words[:, : char_columns(words, char_window)]
     targets = np.stack([step["batch/next_token_id"][...], step["batch/next_token_id_reverse"][...]])
-    return {
-        "chars": words.astype(np.int32),
-        "ids": ids.reshape(chars.shape[:3]).astype(np.int32),
-        "targets": targets.astype(np.int32),
-        "mask": np.ones(chars.shape[1:3], bool),
-    }
+    return Batch(
+        chars=words.astype(np.int32),
+        ids=ids.reshape(chars.shape[:3]).astype(np.int32),
+        targets=targets.astype(np.int32),
+        mask=np.ones(chars.shape[1:3], bool),
+    )
 
 
 def state_from_tf(step: h5py.Group, which: str) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from elmo_jax.text.batcher import StreamBatcher, bucket_size
-from elmo_jax.text.chars import encode_tokens
+from elmo_jax.text.chars import token_char_ids
 from elmo_jax.text.corpus import Sentences
 from elmo_jax.text.vocab import Vocabulary, count_words
 
@@ -22,11 +22,11 @@ def make_corpus(n=37, seed=0):
 def decode_row(batches, vocab, key, direction, row):
     out = []
     for b in batches:
-        m = b["mask"][row]
+        m = b.mask[row]
         if key == "targets":
-            out += [vocab.words[i] for i in b["targets"][direction, row][m]]
+            out += [vocab.words[i] for i in b.targets[direction, row][m]]
         else:
-            out += [tuple(c) for c in b["chars"][b["ids"][direction, row]][m]]
+            out += [tuple(c) for c in b.chars[b.ids[direction, row]][m]]
     return out
 
 
@@ -42,17 +42,29 @@ def test_each_token_once_per_pass_in_order_forward_and_reversed_backward():
         backward_targets = [w for s in sentences for w in [*s[::-1], "<S>"]]
         assert decode_row(batches, vocab, "targets", 0, row) == forward_targets
         assert decode_row(batches, vocab, "targets", 1, row) == backward_targets
-        forward_inputs = [tuple(c) for s in sentences for c in encode_tokens(["<S>", *s])]
-        backward_inputs = [tuple(c) for s in sentences for c in encode_tokens(["</S>", *s[::-1]])]
+        forward_inputs = [tuple(c) for s in sentences for c in token_char_ids(["<S>", *s])]
+        backward_inputs = [tuple(c) for s in sentences for c in token_char_ids(["</S>", *s[::-1]])]
         assert decode_row(batches, vocab, "inputs", 0, row) == forward_inputs
         assert decode_row(batches, vocab, "inputs", 1, row) == backward_inputs
-    total = sum(b["mask"].sum() for b in batches)
+    total = sum(b.mask.sum() for b in batches)
     assert total == batcher.positions_per_epoch() == sum(len(s) + 1 for s in corpus)
     # Each batch holds its distinct tokens once, in a bucketed block.
     for b in batches:
-        used = np.unique(b["ids"][:, b["mask"]])
-        assert len(np.unique(b["chars"][used], axis=0)) == len(used)
-        assert len(b["chars"]) == bucket_size(len(np.unique(b["ids"])))
+        used = np.unique(b.ids[:, b.mask])
+        assert len(np.unique(b.chars[used], axis=0)) == len(used)
+        assert len(b.chars) == bucket_size(len(np.unique(b.ids)))
+
+
+def test_word_table_rows_round_to_the_devices_or_take_the_fixed_bound():
+    corpus = make_corpus()
+    vocab = Vocabulary.from_counts(count_words(corpus))
+    B, T = 3, 4
+    single = next(StreamBatcher(corpus, vocab, B, T, shuffle=False, table_multiple=48))
+    assert len(single.chars) == 96  # bucket_size (64 here) rounded up to a multiple of 48
+    fixed = StreamBatcher(corpus, vocab, B, T, shuffle=False, table_multiple=5, fixed_table=True)
+    # Every process's table: 2 * B * T (a window's inputs, both directions), rounded up to 5.
+    assert len(next(fixed).chars) == len(fixed.empty_batch().chars) == 25
+    np.testing.assert_array_equal(next(StreamBatcher(corpus, vocab, B, T, shuffle=False)).ids, single.ids)
 
 
 def test_shuffled_training_stream_reads_every_sentence_once_per_epoch():
@@ -61,7 +73,7 @@ def test_shuffled_training_stream_reads_every_sentence_once_per_epoch():
     B, T, N = 4, 3, 40
     batcher = StreamBatcher(corpus, vocab, B, T, seed=3)
     batches = [next(batcher) for _ in range(3 * batcher.steps_per_epoch())]
-    assert all(b["mask"].all() for b in batches)  # training batches are always full
+    assert all(b.mask.all() for b in batches)  # training batches are always full
     epochs = [[], []]
     for row in range(B):
         stream = " ".join(decode_row(batches, vocab, "targets", 0, row)).split(" </S>")
@@ -84,8 +96,8 @@ def test_resume_from_saved_state_gives_identical_batches():
     b.restore(saved)
     for want in expected:
         got = next(b)
-        for key in want:
-            np.testing.assert_array_equal(got[key], want[key])
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_array_equal(x, y)
     other_seed = StreamBatcher(corpus, vocab, 3, 4, seed=8)
     with pytest.raises(ValueError, match="seed"):
         other_seed.restore(saved)
@@ -99,7 +111,7 @@ def test_bucket_sizes():
 def test_deterministic_for_a_seed_and_different_across_seeds():
     corpus = make_corpus()
     vocab = Vocabulary.from_counts(count_words(corpus))
-    first = [next(StreamBatcher(corpus, vocab, 3, 4, seed=s))["targets"] for s in (1, 1, 2)]
+    first = [next(StreamBatcher(corpus, vocab, 3, 4, seed=s)).targets for s in (1, 1, 2)]
     np.testing.assert_array_equal(first[0], first[1])
     assert not np.array_equal(first[0], first[2])
 
@@ -116,15 +128,15 @@ def test_rows_subset_reads_only_its_rows():
     vocab = Vocabulary.from_counts(count_words(corpus))
     full = next(StreamBatcher(corpus, vocab, 4, 5, seed=2))
     part = next(StreamBatcher(corpus, vocab, 4, 5, seed=2, rows=[2, 3]))
-    np.testing.assert_array_equal(part["targets"], full["targets"][:, 2:])
+    np.testing.assert_array_equal(part.targets, full.targets[:, 2:])
 
 
 def test_out_of_vocabulary_targets_become_unk_but_inputs_keep_their_characters():
     corpus = list_corpus([["known", "zebra"]])
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "known"])
     b = next(StreamBatcher(corpus, vocab, 1, 3, shuffle=False, single_pass=True))
-    assert [vocab.words[i] for i in b["targets"][0, 0]] == ["known", "<UNK>", "</S>"]
-    np.testing.assert_array_equal(b["chars"][b["ids"][1, 0, 1]], encode_tokens(["zebra"])[0])
+    assert [vocab.words[i] for i in b.targets[0, 0]] == ["known", "<UNK>", "</S>"]
+    np.testing.assert_array_equal(b.chars[b.ids[1, 0, 1]], token_char_ids(["zebra"])[0])
 
 
 def test_too_few_sentences_for_the_rows():

@@ -7,7 +7,7 @@ from tiny_models import tiny_options
 from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_layers, init_params, reverse_within
 from elmo_jax.model.lstm import LSTMState
-from elmo_jax.text.chars import encode_tokens
+from elmo_jax.text.chars import token_char_ids
 
 TINY = tiny_options(16, 8, 4, [[1, 4], [2, 8]])
 
@@ -16,7 +16,7 @@ def sentence_chars(sentences, T):
     out = np.zeros((len(sentences), T, 50), np.int32)
     for i, s in enumerate(sentences):
         tokens = ["<S>", *s.split(), "</S>"]
-        out[i, : len(tokens)] = encode_tokens(tokens)
+        out[i, : len(tokens)] = token_char_ids(tokens)
     return out
 
 
@@ -75,7 +75,7 @@ def test_carried_state_changes_the_next_batch(model):
 def test_dropping_padding_columns_keeps_every_token_vector():
     """The batcher cuts a batch's character columns to the longest word + the widest filter:
     each filter's max still sees a window of padding only, so the vectors are unchanged."""
-    from elmo_jax.model.token_encoder import encode_tokens as encode
+    from elmo_jax.model.token_encoder import encode_tokens
     from elmo_jax.text.batcher import StreamBatcher
     from elmo_jax.text.corpus import Sentences
     from elmo_jax.text.vocab import Vocabulary
@@ -89,10 +89,10 @@ def test_dropping_padding_columns_keeps_every_token_vector():
     corpus = Sentences(sentences, "c")
     cut = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False, char_window=config.char_cnn.widest_filter))
     full = next(StreamBatcher(corpus, vocab, 2, 6, shuffle=False))
-    assert cut["chars"].shape[1] == 32 and full["chars"].shape[1] == 50  # 22 + 7, rounded to 8
-    np.testing.assert_array_equal(cut["chars"], full["chars"][:, :32])
+    assert cut.chars.shape[1] == 32 and full.chars.shape[1] == 50  # 22 + 7, rounded to 8
+    np.testing.assert_array_equal(cut.chars, full.chars[:, :32])
     np.testing.assert_allclose(
-        encode(params["token_encoder"], cut["chars"], config),
-        encode(params["token_encoder"], full["chars"], config),
+        encode_tokens(params["token_encoder"], cut.chars, config),
+        encode_tokens(params["token_encoder"], full.chars, config),
         atol=1e-6,
     )

@@ -40,7 +40,7 @@ def test_four_steps_match_bilm_tf_training(recorded):
     config, hp, values, steps, *_ = recorded
     state = start_state(config, hp, values)
     train_step = make_train_step(config, hp)
-    top = jax.jit(lambda p, b, s: bilm_top(p, b["chars"], b["ids"], b["mask"], s, config)[0])
+    top = jax.jit(lambda p, b, s: bilm_top(p, b.chars, b.ids, b.mask, s, config)[0])
     for k, rec in enumerate(steps, start=1):
         for got, want in zip(state.lstm_state, rec["init_state"]):
             np.testing.assert_allclose(got, want, **TOL, err_msg=f"step {k} initial state")

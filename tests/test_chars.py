@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from elmo_jax.text.chars import CharTable, encode_tokens
+from elmo_jax.text.chars import CharTable, token_char_ids
 
 
 def spec_chars(token: str) -> list[int]:
@@ -34,14 +34,14 @@ TRICKY = [
 
 
 def test_encode_tokens_matches_spec():
-    got = encode_tokens(TRICKY)
+    got = token_char_ids(TRICKY)
     assert got.shape == (len(TRICKY), 50) and got.dtype == np.int32
     for row, token in zip(got, TRICKY):
         assert row.tolist() == spec_chars(token), token
 
 
 def test_multibyte_cut_inside_a_character():
-    row = encode_tokens(["a" + "€" * 20])[0]
+    row = token_char_ids(["a" + "€" * 20])[0]
     raw = bytes(int(i) - 1 for i in row[1:49])
     assert raw == ("a" + "€" * 20).encode()[:48]
     assert row[49] == 259 + 1  # end of word right after the 48th byte
@@ -49,20 +49,20 @@ def test_multibyte_cut_inside_a_character():
 
 
 def test_empty_token_is_a_word_not_padding():
-    row = encode_tokens([""])[0]
+    row = token_char_ids([""])[0]
     assert row[:3].tolist() == [259, 260, 261] and (row > 0).all()
 
 
 def test_char_table_caches_and_grows():
     table = CharTable()
     words = [f"w{i}" for i in range(3000)] + ["w1", "<S>"]
-    np.testing.assert_array_equal(table.encode(words), encode_tokens(words))
+    np.testing.assert_array_equal(table.encode(words), token_char_ids(words))
     first = table.ids(["w5", "w5", "new"])
     assert first[0] == first[1] == 5
-    np.testing.assert_array_equal(table.lookup(first), encode_tokens(["w5", "w5", "new"]))
+    np.testing.assert_array_equal(table.lookup(first), token_char_ids(["w5", "w5", "new"]))
 
 
 @pytest.mark.parametrize("max_chars, last", [(10, 259 + 1), (50, 260 + 1)])
 def test_max_chars(max_chars, last):
-    row = encode_tokens(["abcdefghijklmnop"], max_chars)[0]
+    row = token_char_ids(["abcdefghijklmnop"], max_chars)[0]
     assert len(row) == max_chars and row[max_chars - 1] == last  # cut word ends in end-of-word

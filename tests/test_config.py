@@ -70,8 +70,8 @@ def test_null_clips_mean_no_clip_and_unknown_sizes_are_named():
 def test_bilm_tf_training_char_count_is_the_same_table_with_a_padding_row():
     """bilm-tf's training files say n_characters 261 (raw ids, the in-word padding id 260 the
     last row); read as our 262-row layout, that padding id (261 shifted) has a row of its own."""
-    from elmo_jax.model.token_encoder import encode_tokens as encode
-    from elmo_jax.text.chars import encode_tokens
+    from elmo_jax.model.token_encoder import encode_tokens
+    from elmo_jax.text.chars import token_char_ids
 
     cnn = PUBLISHED_OPTIONS["small"]["char_cnn"]
     options = {**PUBLISHED_OPTIONS["small"], "char_cnn": {**cnn, "n_characters": 261, "filters": [[1, 4], [2, 4]]}}
@@ -79,13 +79,13 @@ def test_bilm_tf_training_char_count_is_the_same_table_with_a_padding_row():
     assert config.char_cnn.n_characters == 262 and config.to_options()["char_cnn"]["n_characters"] == 262
     params = init_params(jax.random.key(0), config, None)["token_encoder"]
     assert params["char_embed"].shape == (262, 16) and not params["char_embed"][0].any()
-    chars = encode_tokens(["a", "bb"])
+    chars = token_char_ids(["a", "bb"])
     assert chars.max() == 261  # the in-word padding id: the table's last row
     moved = {**params, "char_embed": params["char_embed"].at[261].add(1.0)}
-    assert not np.allclose(encode(moved, chars, config), encode(params, chars, config))
+    assert not np.allclose(encode_tokens(moved, chars, config), encode_tokens(params, chars, config))
     # A 261-row table would have JAX clamp id 261 onto row 260 (end of word) without a word.
     with pytest.raises(ValueError, match="char_embed has 261 rows; the char ids need 262"):
-        encode({**params, "char_embed": params["char_embed"][1:]}, chars, config)
+        encode_tokens({**params, "char_embed": params["char_embed"][1:]}, chars, config)
 
 
 @pytest.mark.parametrize("value", [263, 256, "261", True])

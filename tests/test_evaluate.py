@@ -27,14 +27,14 @@ def test_evaluation_equals_the_formula():
 
     sums, count, state = np.zeros(2), 0, LSTMState.zeros(config, 8)
     for batch in StreamBatcher(corpus, vocab, 8, 6, shuffle=False, single_pass=True):
-        top, state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], state, config)
+        top, state = bilm_top(params, batch.chars, batch.ids, batch.mask, state, config)
         top = np.asarray(top, np.float64)
         for d in range(2):
             logits = top[d] @ np.asarray(params["softmax"]["W"], np.float64).T + params["softmax"]["b"]
             log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-            ce = log_z - np.take_along_axis(logits, batch["targets"][d][..., None], -1)[..., 0]
-            sums[d] += ce[batch["mask"]].sum()
-        count += batch["mask"].sum()
+            ce = log_z - np.take_along_axis(logits, batch.targets[d][..., None], -1)[..., 0]
+            sums[d] += ce[batch.mask].sum()
+        count += batch.mask.sum()
     assert got["tokens"] == count == sum(len(s) + 1 for s in corpus)
     np.testing.assert_allclose(
         [got["forward_perplexity"], got["backward_perplexity"], got["perplexity"]],

@@ -11,8 +11,8 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.interop.bilm_hdf5 import load_weights
 from elmo_jax.model.bilm import bilm_layers
 from elmo_jax.model.lstm import LSTMState
-from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
-from elmo_jax.text.chars import encode_tokens
+from elmo_jax.model.token_encoder import encode_tokens
+from elmo_jax.text.chars import token_char_ids
 
 CASES = {"elmo": "sentences.json", "bilm-tf/model": "lm_embeddings_sentences.json"}
 
@@ -21,7 +21,7 @@ def batch_chars(sentences):
     tokens = [["<S>", *s.split(), "</S>"] for s in sentences]
     chars = np.zeros((len(tokens), max(map(len, tokens)), 50), np.int32)
     for i, t in enumerate(tokens):
-        chars[i, : len(t)] = encode_tokens(t)
+        chars[i, : len(t)] = token_char_ids(t)
     return chars, [len(t) - 2 for t in tokens]
 
 
@@ -49,6 +49,6 @@ def test_token_layer_matches_tensorflow(fixtures_dir):
     config = ModelConfig.load(folder / "options.json")
     params = load_weights(folder / "lm_weights.hdf5", config)
     words = (folder / "vocab_test.txt").read_text().split("\n")
-    got = jax.jit(lambda p, c: encode_token_vectors(p, c, config))(params["token_encoder"], encode_tokens(words))
+    got = jax.jit(lambda p, c: encode_tokens(p, c, config))(params["token_encoder"], token_char_ids(words))
     with h5py.File(folder / "elmo_token_embeddings.hdf5", "r") as f:
         np.testing.assert_allclose(got, f["embedding"][...], atol=1e-5, rtol=1e-5)

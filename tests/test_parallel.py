@@ -10,7 +10,7 @@ from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.hlo import collectives_in_loops, communication_bytes, recurrence
-from elmo_jax.text.batcher import StreamBatcher, round_up
+from elmo_jax.text.batcher import Batch, StreamBatcher, round_up
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.parallel import DataParallel
@@ -26,11 +26,11 @@ def data():
     vocab = Vocabulary.from_counts(count_words(corpus.stream()))
     hp = TrainHParams(batch_size=B // 8, unroll_steps=T, n_tokens_vocab=len(vocab), n_negative_samples_batch=64)
     # Tables of distinct words rounded to a multiple of 8, which both layouts can take.
-    batcher = StreamBatcher(corpus, vocab, B, T, seed=0, table_size=DataParallel(8).table_size)
+    batcher = StreamBatcher(corpus, vocab, B, T, seed=0, table_multiple=8)
     return hp, [next(batcher) for _ in range(3)]
 
 
-def run(devices: int, shard_softmax: bool, hp: TrainHParams, batches: list[dict], config: ModelConfig = CONFIG):
+def run(devices: int, shard_softmax: bool, hp: TrainHParams, batches: list[Batch], config: ModelConfig = CONFIG):
     parallel = DataParallel(devices)
     rows = round_up(hp.n_tokens_vocab, devices) if shard_softmax else hp.n_tokens_vocab
     init = lambda: init_train_state(jax.random.key(1), config, hp, B, rows)  # noqa: E731

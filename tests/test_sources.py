@@ -68,9 +68,9 @@ def test_resume_across_a_shard_boundary_gives_identical_batches(lm1b):
     resumed, _ = batches(open_corpus(f"lm1b:{root}", "train"), vocab, 35, state)  # the folder, a fresh reader
     # Rows have crossed into other shards (and the next epoch) after the restore point.
     assert {e for e, _, _ in state["rows"]} == {0}
-    for a, b in zip(straight[25:], resumed):
-        for key in a:
-            np.testing.assert_array_equal(a[key], b[key])
+    for a, b in zip(straight[25:], resumed, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_groups_read_disjoint_pieces_that_cover_the_corpus(lm1b):
@@ -111,4 +111,4 @@ def test_tfds_source_reads_blocks_of_records():
         assert len(blocks.shards) == 3 and len(blocks) == len(want)
         vocab = Vocabulary.from_counts(count_words(want))
         batch = next(StreamBatcher(blocks, vocab, 2, 5, groups=2))  # one group per device, as in training
-        assert batch["mask"].all()
+        assert batch.mask.all()

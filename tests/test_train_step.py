@@ -36,7 +36,7 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     params0 = jax.tree.map(np.array, state.params)
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     k_dropout, k_sample = jax.random.split(rng)
-    used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, len(vocab))
+    used = softmax_rows(k_sample, batch.targets.reshape(2, -1), hp, len(vocab))
     # The same sample, indexing the whole table.
     whole = used._replace(
         rows=jnp.arange(len(vocab)), candidates=used.rows[used.candidates], targets=used.rows[used.targets]

@@ -14,7 +14,8 @@ across batches. The position of every row is a small JSON-serialisable state.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,21 @@ from elmo_jax.errors import UserError
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
 from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.vocab import Vocabulary
+
+
+class Batch(NamedTuple):
+    """One batch of the bidirectional LM (numpy on the host, jax.Array on the devices; a pytree).
+
+    chars   (U, C) int32      char ids of the batch's distinct input tokens (spare rows 0)
+    ids     (2, B, T) int32   row of `chars` at each position; axis 0: forward, backward
+    targets (2, B, T) int32   word ids to predict
+    mask    (B, T) bool       positions that hold a token
+    """
+
+    chars: np.ndarray
+    ids: np.ndarray
+    targets: np.ndarray
+    mask: np.ndarray
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -51,16 +67,12 @@ def epochs_done(state: dict, n_sentences: int) -> float:
 
 
 class StreamBatcher:
-    """Yields batches of the distinct words they hold and where each one stands:
+    """Yields `Batch`es: the distinct words of a window and where each one stands.
 
-      chars   (U, C) int32  char ids of the batch's distinct input tokens (U from
-                            `table_size(distinct count, bound)`, bucketed by default; the
-                            spare rows 0)
-      ids     (2, B, T) int32  row of `chars` at each position
-      targets (2, B, T) int32  word ids to predict
-      mask    (B, T) bool   positions that hold a token
-
-    Axis 0 of ids and targets is the direction: 0 forward, 1 backward. `rows` selects the
+    The word table has U rows: the distinct count bucketed (`bucket_size`), or with
+    `fixed_table` the bound 2 * B * T (every process of a multi-process mesh sends the same
+    shape without asking the others); either rounded up to a multiple of `table_multiple` (the
+    devices that split it). `rows` selects the
     global rows this process produces (all `batch_size` by default); `groups` divides them.
     `char_window` (the model's widest CNN filter) lets the batch drop the character columns no
     filter needs (see `char_columns`). With `single_pass` every row
@@ -78,7 +90,8 @@ class StreamBatcher:
         single_pass: bool = False,
         rows: Sequence[int] | None = None,
         chars: CharTable | None = None,
-        table_size: Callable[[int, int], int] | None = None,
+        table_multiple: int = 1,
+        fixed_table: bool = False,
         groups: int = 1,
         char_window: int | None = None,
     ):
@@ -95,7 +108,7 @@ class StreamBatcher:
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
         self.rows = list(range(batch_size) if rows is None else rows)
         self.chars = chars or CharTable()
-        self.table_size = table_size or (lambda n, bound: bucket_size(n))
+        self.table_multiple, self.fixed_table = table_multiple, fixed_table
         self._views: dict[tuple[int, int], object] = {}
         self._word_ids = np.zeros(0, np.int32)  # char-table row -> vocabulary id
         # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
@@ -154,10 +167,10 @@ class StreamBatcher:
             self._pos[j] = [epoch, k + 1, 0]
 
     # -- batches -------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    def __iter__(self) -> Iterator[Batch]:
         return self
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def __next__(self) -> Batch:
         T, B = self.unroll_steps, len(self.rows)
         # Which part of which sentence goes where: (row, time, offset in the sentence, length).
         segments, sentences = [], []
@@ -207,19 +220,23 @@ class StreamBatcher:
         order = np.argsort(keys.ravel())
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        # A window's inputs are at most B * T tokens per direction.
         columns = char_columns(words, self.char_window)
-        chars = np.zeros((self.table_size(len(distinct), 2 * B * T), columns), np.int32)
+        chars = np.zeros((self._table_rows(len(distinct)), columns), np.int32)
         chars[: len(distinct)] = words[order, : chars.shape[1]]
         ids = rank[inverse].reshape(rows.shape).astype(np.int32)
-        return {"chars": chars, "ids": ids, "targets": targets, "mask": mask}
+        return Batch(chars, ids, targets, mask)
 
-    def empty_batch(self) -> dict[str, np.ndarray]:
+    def empty_batch(self) -> Batch:
         """A batch without tokens (mask all False), shaped like this batcher's."""
         B, T = len(self.rows), self.unroll_steps
-        chars = np.zeros((self.table_size(0, 2 * B * T), self.chars.max_chars), np.int32)
+        chars = np.zeros((self._table_rows(0), self.chars.max_chars), np.int32)
         ids = np.zeros((2, B, T), np.int32)
-        return {"chars": chars, "ids": ids, "targets": ids.copy(), "mask": np.zeros((B, T), bool)}
+        return Batch(chars, ids, ids.copy(), np.zeros((B, T), bool))
+
+    def _table_rows(self, n_distinct: int) -> int:
+        """Rows of the word table of a batch of `n_distinct` distinct input tokens."""
+        bound = 2 * len(self.rows) * self.unroll_steps  # a window's inputs, both directions
+        return round_up(bound if self.fixed_table else bucket_size(n_distinct), self.table_multiple)
 
     def single_pass_batches(self) -> int:
         """Batches one pass over the corpus takes: the global row with the most positions

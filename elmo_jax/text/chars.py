@@ -18,7 +18,7 @@ BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
 MAX_CHARS = 50
 
 
-def encode_tokens(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:
+def token_char_ids(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:
     """Tokens -> (n, max_chars) int32 char ids, +1 shifted (never 0)."""
     n = len(tokens)
     # A sentence boundary is one special character (set below), not its literal bytes.
@@ -58,7 +58,7 @@ class CharTable:
                 grown = np.zeros((max(2 * len(self._table), start + len(new)), self.max_chars), np.int32)
                 grown[:start] = self._table[:start]
                 self._table = grown
-            self._table[start : start + len(new)] = encode_tokens(new, self.max_chars)
+            self._table[start : start + len(new)] = token_char_ids(new, self.max_chars)
             self._row.update((t, start + i) for i, t in enumerate(new))
             self.tokens += new
         return np.fromiter(map(self._row.__getitem__, tokens), dtype=np.int64, count=len(tokens))

@@ -67,7 +67,8 @@ def evaluate(
         shuffle=False,
         single_pass=True,
         rows=parallel.local_rows(batch_size),
-        table_size=parallel.table_size,
+        table_multiple=parallel.local_size,
+        fixed_table=parallel.fixed_table,
         char_window=config.char_cnn.widest_filter,
     )
     step = _jitted_eval(config, len(vocab), parallel)
@@ -76,7 +77,7 @@ def evaluate(
     sums, count = [], []
     batches = itertools.chain(batcher, itertools.repeat(None))
     for batch in itertools.islice(batches, batcher.single_pass_batches()):
-        ce, n, state = step(params, parallel.put_batch(batch or batcher.empty_batch()), state)
+        ce, n, state = step(params, parallel.put_batch(batch if batch is not None else batcher.empty_batch()), state)
         sums.append(ce)
         count.append(n)
     total = np.sum(np.stack(jax.device_get(sums)), axis=0, dtype=np.float64)

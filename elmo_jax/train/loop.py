@@ -86,7 +86,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         t.unroll_steps,
         seed=t.seed,
         rows=parallel.local_rows(batch_size),
-        table_size=parallel.table_size,
+        table_multiple=parallel.local_size,
+        fixed_table=parallel.fixed_table,
         groups=parallel.size,
         char_window=model_config.char_cnn.widest_filter,
     )

@@ -19,7 +19,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.errors import UserError
 from elmo_jax.model.lstm import LSTMState
-from elmo_jax.text.batcher import bucket_size, round_up
+from elmo_jax.text.batcher import Batch
 
 AXIS = "data"
 
@@ -68,42 +68,42 @@ class DataParallel:
             raise ValueError(f"this process's devices hold rows starting at {slices}: not one contiguous block")
         return range(start, start + per_device * len(slices))
 
-    def table_size(self, n_distinct: int, max_distinct: int) -> int:
-        """Rows of a process's table of distinct words (see StreamBatcher): the distinct count
-        rounded up when one process feeds the mesh; the fixed bound `max_distinct` when several
-        do, as every process must send the same shape without asking the others."""
-        if jax.process_count() == 1:
-            return round_up(bucket_size(n_distinct), self.local_size)
-        return round_up(max_distinct, self.local_size)
+    @property
+    def fixed_table(self) -> bool:
+        """Whether the batcher's word table must have a fixed size (see StreamBatcher): when
+        several processes feed the mesh, each sends the same shape without asking the others."""
+        return jax.process_count() > 1
 
-    def batch_shardings(self) -> dict[str, NamedSharding]:
-        return {"chars": self.rows, "ids": self.sharded_on(1), "targets": self.sharded_on(1), "mask": self.rows}
+    def batch_shardings(self) -> Batch:
+        return Batch(chars=self.rows, ids=self.sharded_on(1), targets=self.sharded_on(1), mask=self.rows)
 
-    def abstract_batch(self, rows: int, unroll_steps: int, distinct_words: int, max_chars: int) -> dict:
+    def abstract_batch(self, rows: int, unroll_steps: int, distinct_words: int, max_chars: int) -> Batch:
         """Shapes, dtypes and shardings of a global batch, to compile a step without data."""
-        shapes = {
-            "chars": ((distinct_words, max_chars), np.int32),
-            "ids": ((2, rows, unroll_steps), np.int32),
-            "targets": ((2, rows, unroll_steps), np.int32),
-            "mask": ((rows, unroll_steps), np.bool_),
-        }
-        return {
-            k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_shardings()[k])
-            for k, (shape, dtype) in shapes.items()
-        }
+        shapes = Batch(
+            chars=((distinct_words, max_chars), np.int32),
+            ids=((2, rows, unroll_steps), np.int32),
+            targets=((2, rows, unroll_steps), np.int32),
+            mask=((rows, unroll_steps), np.bool_),
+        )
+        return Batch(
+            *(
+                jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+                for (shape, dtype), sharding in zip(shapes, self.batch_shardings(), strict=True)
+            )
+        )
 
-    def put_batch(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    def put_batch(self, local: Batch) -> Batch:
         """This process's rows of a batch -> global arrays. Each process's `chars` table becomes
         its block of the global table, so its `ids` are offset to point into that block."""
         n_proc, index = jax.process_count(), jax.process_index()
-        local = {**local, "ids": local["ids"] + index * local["chars"].shape[0]}
-        out = {}
-        for key, sharding in self.batch_shardings().items():
-            x = local[key]
+        local = local._replace(ids=local.ids + index * local.chars.shape[0])
+
+        def put(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
             axis = sharding.spec.index(AXIS)
             shape = x.shape[:axis] + (x.shape[axis] * n_proc,) + x.shape[axis + 1 :]
-            out[key] = jax.make_array_from_process_local_data(sharding, x, shape)
-        return out
+            return jax.make_array_from_process_local_data(sharding, x, shape)
+
+        return Batch(*map(put, local, self.batch_shardings()))
 
     def lstm_state_sharding(self) -> LSTMState:
         return LSTMState(self.sharded_on(2), self.sharded_on(2))

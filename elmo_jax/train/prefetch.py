@@ -7,20 +7,21 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
-from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.batcher import Batch, StreamBatcher
 
 _DONE = object()
 
 
 class Prefetcher:
-    def __init__(self, batcher: StreamBatcher, put: Callable[[dict], dict] = lambda batch: batch, depth: int = 4):
-        """`put` turns a host batch into what the step takes (device arrays)."""
+    def __init__(self, batcher: StreamBatcher, put: Callable[[Batch], Batch] = lambda batch: batch, depth: int = 4):
+        """`put` turns a host batch into what the step takes (device arrays); yields (that
+        batch, the batcher state after it)."""
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(batcher, put), daemon=True, name="prefetch")
         self._thread.start()
 
-    def _run(self, batcher: StreamBatcher, put: Callable[[dict], dict]) -> None:
+    def _run(self, batcher: StreamBatcher, put: Callable[[Batch], Batch]) -> None:
         try:
             for batch in batcher:
                 if not self._put((put(batch), batcher.state())):
@@ -38,10 +39,10 @@ class Prefetcher:
                 continue
         return False
 
-    def __iter__(self) -> Iterator[tuple[dict, dict]]:
+    def __iter__(self) -> Iterator[tuple[Batch, dict]]:
         return self
 
-    def __next__(self) -> tuple[dict, dict]:
+    def __next__(self) -> tuple[Batch, dict]:
         item = self._queue.get()
         if item is _DONE:
             raise StopIteration

@@ -31,9 +31,8 @@ from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.lstm import LSTMState, dropout_keep_masks
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
 from elmo_jax.model.token_encoder import encode_tokens
+from elmo_jax.text.batcher import Batch
 from elmo_jax.train.parallel import AXIS, DataParallel, data_parallel
-
-Batch = dict  # chars (U, C), ids (2, B, T), targets (2, B, T) int32; mask (B, T) bool (see StreamBatcher)
 
 
 @flax.struct.dataclass
@@ -175,13 +174,13 @@ def _loss(
     vocabulary. The token encoder runs over the mesh as jit lays it out (distinct words split
     over devices); the LSTMs and the loss run per device under shard_map."""
     with jax.named_scope("token_encoder"):
-        tokens_UP = encode_tokens(params["token_encoder"], batch["chars"], config)
-    mask_BT = batch["mask"]
+        tokens_UP = encode_tokens(params["token_encoder"], batch.chars, config)
+    mask_BT = batch.mask
     n_tokens = jnp.maximum(mask_BT.sum(), 1)
     B, T = mask_BT.shape
     rows_2BT = PartitionSpec(None, AXIS)
     if used is None:
-        local_used, used_specs, vocab_size = {"targets": batch["targets"]}, {"targets": rows_2BT}, hp.n_tokens_vocab
+        local_used, used_specs, vocab_size = {"targets": batch.targets}, {"targets": rows_2BT}, hp.n_tokens_vocab
     else:
         local_used = {
             "candidates": used.candidates,
@@ -223,7 +222,7 @@ def _loss(
         out_specs=(PartitionSpec(), state_spec),
     )
     losses, new_state = local(
-        params["lstm"], params["softmax"], tokens_UP, batch["ids"], mask_BT, lstm_state, local_used, n_tokens, keep
+        params["lstm"], params["softmax"], tokens_UP, batch.ids, mask_BT, lstm_state, local_used, n_tokens, keep
     )
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
 
@@ -284,7 +283,7 @@ def train_step(
     table = state.params["softmax"]
     if hp.sample_softmax:
         with jax.named_scope("sampler"):
-            used = softmax_rows(k_sample, batch["targets"].reshape(2, -1), hp, table["W"].shape[0])
+            used = softmax_rows(k_sample, batch.targets.reshape(2, -1), hp, table["W"].shape[0])
         with jax.named_scope("softmax"):
             gathered = {k: v.at[used.rows].get(mode="fill", fill_value=0.0) for k, v in table.items()}
     else:
@@ -299,7 +298,7 @@ def train_step(
         "loss_forward": losses[0],
         "loss_backward": losses[1],
         "grad_norm": grad_norm,
-        "tokens": batch["mask"].sum(),
+        "tokens": batch.mask.sum(),
     }
     new_state = state.replace(
         params=new_params,
@@ -331,9 +330,9 @@ def eval_step(
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Full-softmax evaluation over the first `vocab_size` table rows, no dropout: summed cross
     entropy per direction (2,), the number of positions, and the carried state."""
-    top_2BTP, lstm_state = bilm_top(params, batch["chars"], batch["ids"], batch["mask"], lstm_state, config)
+    top_2BTP, lstm_state = bilm_top(params, batch.chars, batch.ids, batch.mask, lstm_state, config)
     h_2NP = top_2BTP.reshape(2, -1, top_2BTP.shape[-1])
-    targets_2N, mask_N = batch["targets"].reshape(2, -1), batch["mask"].reshape(-1)
+    targets_2N, mask_N = batch.targets.reshape(2, -1), batch.mask.reshape(-1)
     W, b = params["softmax"]["W"], params["softmax"]["b"]
     ce = [full_softmax_ce(h_2NP[d], targets_2N[d], W, b, vocab_size, config.compute_dtype) for d in range(2)]
     sums = jnp.stack([jnp.sum(jnp.where(mask_N, ce_d, 0.0)) for ce_d in ce])
