@@ -1,0 +1,1 @@
+"""Runnable examples: `python -m elmo_jax.examples.NAME`."""

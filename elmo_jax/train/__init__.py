@@ -1,0 +1,1 @@
+"""Training: the train state and step, the loop, data parallelism, checkpoints, evaluation, fine-tuning."""

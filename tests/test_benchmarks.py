@@ -1,0 +1,44 @@
+"""The benchmark scripts that benchmarks/gpu.sh runs (and the input pipeline's) run end to end at
+toy sizes and print their JSON result line last, so a change to the library cannot leave gpu.sh
+broken for the next accelerator session. No timing is asserted. (ablation.py and
+communication.py are left out: half a minute each, and no accelerator session depends on them.)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--config=cpu_peer", "--per-device-batch=2"]  # cpu_peer: a 5,000-word vocabulary
+
+COMMANDS = {
+    "throughput train, profiled": [
+        "throughput.py",
+        *TINY,
+        "--unroll-steps=4",
+        "--steps=1",
+        "--warmup=1",
+        "--profile=1",
+    ],
+    "throughput embed": ["throughput.py", *TINY, "--mode=embed", "--sentences=40", "--steps=1"],
+    "critical path": ["critical_path.py", *TINY, "--unroll-steps=4"],
+    "recurrence": ["recurrence.py", *TINY, "--steps=1", "--unroll-steps=4"],
+    "input pipeline": ["input_pipeline.py", "--batch=4", "--unroll=5", "--vocab=500", "--batches=3"],
+}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_benchmark_runs_and_reports_json(name):
+    script, *args = COMMANDS[name]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(result, dict) and result
