@@ -80,7 +80,8 @@ def main() -> None:
     train, heldout = write_text(out, args.sentences)
     vocab = out / "vocab.txt"
     if not vocab.is_file():
-        last_json([sys.executable, "launch.py", "vocab", f"--data=text:{train}", f"--out={vocab}"], out / "vocab.log")
+        vocab_command = [sys.executable, "launch.py", "vocab", f"--data=text:{train}", f"--output={vocab}"]
+        last_json(vocab_command, out / "vocab.log")
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     sides = args.sides.split(",")

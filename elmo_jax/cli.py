@@ -1,9 +1,8 @@
-"""The command line behind launch.py: `python launch.py COMMAND --flag=value ...`.
+"""The commands of `elmo-jax` (also `python -m elmo_jax` and `python launch.py`):
+`elmo-jax COMMAND --flag=value ...`; `elmo-jax COMMAND --help` lists a command's flags.
 
-Commands: vocab (count a source into a vocabulary file), train (from an experiment config), eval
-(a workdir's latest checkpoint), import (bilm-tf options + weights -> params checkpoint), export
-(-> bilm-tf options + weights), embed (a text file -> ELMo layers in HDF5).
-
+Flags are absl's, spelled with underscores; a hyphenated spelling, a flag of another command, an
+unknown command or a missing required flag is one line on stderr with the usage, exit status 2.
 Outputs never clobber (elmo_jax/outputs.py): an existing one is refused unless --overwrite.
 Errors the user can fix (files, flags, settings, formats) are one line on stderr with exit
 status 2; a run that cannot go on (divergence, a failed save, a full disk) one line with exit
@@ -13,64 +12,63 @@ unasked.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import json
 import logging
 import os
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_collections
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
-from elmo_jax.compile_time import use_persistent_cache
 from elmo_jax.errors import RunFailed, UserError
-from elmo_jax.host_memory import keep_freed_memory
+from elmo_jax.experiment import experiment_file, packaged_experiments
+from elmo_jax.progress import log_handler
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
-    "config", None, "Experiment file (experiments/NAME.py); override fields with --config.a.b=value.", lock_config=True
+    "config",
+    None,
+    "Experiment: a packaged one by name (listed below) or a config file's path; override any field with "
+    "--config.a.b=value.",
+    lock_config=True,
 )
 flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
 flags.DEFINE_string(
-    "data",
-    None,
-    "eval: held-out source (demo, text:GLOB, lm1b:PATH); default: the run's config.data.heldout. "
-    "vocab: the source to count.",
+    "data", None, "A source: demo, text:GLOB, lm1b:PATH or tfds:NAME (eval: default the run's config.data.heldout)."
 )
+flags.DEFINE_integer("min_count", 1, "Keep words seen at least this many times (3 gives LM1B's 793,471 lines).")
+flags.DEFINE_integer("max_sentences", 0, "Evaluate only the first N sentences, for a quick estimate (0 = all).")
 flags.DEFINE_integer(
-    "min-count", 1, "vocab: keep words seen at least this many times (3 gives LM1B's published 793,471 lines)."
-)
-flags.DEFINE_integer("max-sentences", 0, "eval: evaluate only the first N sentences, for a quick estimate (0 = all).")
-flags.DEFINE_integer(
-    "batch_size",
-    None,
-    "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences per batch (default 64).",
-)
-flags.DEFINE_string("options", None, "import, embed: bilm-tf options.json.")
-flags.DEFINE_string("weights", None, "import, embed: bilm-tf weights.hdf5.")
-flags.DEFINE_string("out", None, "import, export: output folder; vocab: output file.")
-flags.DEFINE_string("input", None, "embed: text file, one whitespace-tokenized sentence a line.")
-flags.DEFINE_string("output", None, "embed: output HDF5 file.")
-flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "embed: which layers to write.")
-flags.DEFINE_bool("stateful", False, "embed: carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
-flags.DEFINE_integer(
-    "max_tokens", 8192, "embed: padded positions (sentences x length) per batch; longer lines run alone."
-)
-flags.DEFINE_integer("max_sentence_tokens", 100_000, "embed: a line with more tokens is refused (not one sentence).")
-flags.DEFINE_bool("overwrite", False, "vocab, import, export, embed: replace an existing output (whole, atomically).")
+    "batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences "
+    "per batch (default 64)."
+)  # fmt: skip
+flags.DEFINE_string("options", None, "bilm-tf options.json.")
+flags.DEFINE_string("weights", None, "bilm-tf weights.hdf5.")
+flags.DEFINE_string(
+    "output", None, "vocab: the vocabulary file; import, export: the model folder; embed: the HDF5 file; plot: the "
+    "PNG (default WORKDIR/training_curves.png)."
+)  # fmt: skip
+flags.DEFINE_string("input", None, "Text file, one whitespace-tokenized sentence a line.")
+flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "Which layers to write.")
+flags.DEFINE_bool("stateful", False, "Carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
+flags.DEFINE_integer("max_tokens", 8192, "Padded positions (sentences x length) per batch; longer lines run alone.")
+flags.DEFINE_integer("max_sentence_tokens", 100_000, "A line with more tokens is refused (not one sentence).")
+flags.DEFINE_bool("overwrite", False, "Replace an existing output (whole, atomically).")
 flags.DEFINE_bool(
     "compile_cache",
     True,
     "Keep compiled programs in $XDG_CACHE_HOME/elmo_jax/jax (default ~/.cache/...), so a second run of the same "
-    "model compiles nothing; --nocompile_cache turns it off.",
+    "model compiles nothing.",
 )
 flags.DEFINE_bool("verbose", False, "Show the traceback of an error (also: ELMO_JAX_TRACEBACK=1).")
-flags.DEFINE_string(
-    "coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's cluster detection)."
-)
+flags.DEFINE_string("coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's detection).")
 flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0 .. num_processes - 1.")
 flags.DEFINE_integer(
@@ -78,6 +76,98 @@ flags.DEFINE_integer(
 )
 
 log = logging.getLogger("elmo_jax")
+
+COMMON_FLAGS = ("compile_cache", "verbose", "coordinator", "num_processes", "process_id", "coordinator_timeout")
+RENAMED = {"out": "output"}  # flags of earlier releases
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    run: Callable[[], None]
+    summary: str
+    usage: str  # the flags after the command name
+    flags: tuple[str, ...]
+    required: tuple[str, ...] = ()
+
+
+def _prog() -> str:
+    """How the user called us: elmo-jax, python -m elmo_jax or launch.py."""
+    name = Path(sys.argv[0]).name
+    return "python -m elmo_jax" if name in ("__main__.py", "cli.py") else name
+
+
+def _usage(command: str) -> str:
+    return f"usage: {_prog()} {command} {COMMANDS[command].usage}"
+
+
+def _fail(message: str, status: int = 2) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(status)
+
+
+def _flag_name(arg: str) -> str | None:
+    """--name=value / --name / -name -> name; None for a value."""
+    if not arg.startswith("-") or arg in ("-", "--") or arg[1:2].isdigit():
+        return None
+    return arg.lstrip("-").split("=", 1)[0]
+
+
+def _check_flag_names(command: str, args: list[str]) -> None:
+    """A hyphenated spelling, an old name, or a flag of another command: one line, exit 2."""
+    ours = {name for c in COMMANDS.values() for name in c.flags} | set(COMMON_FLAGS)
+    allowed = set(COMMANDS[command].flags) | set(COMMON_FLAGS)
+    hint = f"{_prog()} {command} --help lists its flags"
+    for name in filter(None, map(_flag_name, args)):
+        bare = name[2:] if name.startswith("no") and name[2:] in ours else name
+        if bare.startswith("config.") and "config" in allowed:
+            continue
+        spelled = bare.replace("-", "_")
+        if "-" in bare and spelled in ours:
+            _fail(f"{_prog()} {command}: --{name}: flags are spelled with underscores: --{name.replace('-', '_')}")
+        if bare in RENAMED and RENAMED[bare] in allowed:
+            _fail(f"{_prog()} {command}: --{bare} is now --{RENAMED[bare]}")
+        if (bare in ours or bare.startswith("config.")) and bare not in allowed:
+            _fail(f"{_prog()} {command}: --{bare} is not a flag of {command}; {hint}")
+
+
+def _resolve_config(args: list[str]) -> list[str]:
+    """--config=NAME of a packaged experiment -> its file (a path stays as it is)."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg.startswith("--config="):
+            out[i] = "--config=" + experiment_file(arg.split("=", 1)[1])
+        elif arg == "--config" and i + 1 < len(out):
+            out[i + 1] = experiment_file(out[i + 1])
+    return out
+
+
+def _help(command: str | None) -> str:
+    width = 100
+    if command is None:
+        lines = [f"usage: {_prog()} COMMAND [--flags]", "", "commands:"]
+        lines += [f"  {name:8s} {c.summary}" for name, c in COMMANDS.items()]
+        lines += ["", f"{_prog()} COMMAND --help lists the flags of COMMAND."]
+        return "\n".join(lines)
+
+    def describe(name: str) -> list[str]:
+        flag = FLAGS[name]
+        spelled = f"--[no]{name}" if isinstance(flag, flags.BooleanFlag) else f"--{name}"
+        default = (
+            "" if flag.default is None or name == "config" else f" (default: {flag.default_as_str.strip(chr(39))})"
+        )
+        text = textwrap.wrap(flag.help + default, width - 28)
+        return [f"  {spelled:24s}  {text[0]}"] + [" " * 28 + t for t in text[1:]]
+
+    c = COMMANDS[command]
+    lines = [_usage(command), "", textwrap.fill(c.summary, width), "", "flags:"]
+    for name in c.flags:
+        lines += describe(name)
+    lines += ["", "flags of every command:"]
+    for name in COMMON_FLAGS:
+        lines += describe(name)
+    if "config" in c.flags:
+        lines += ["", "packaged experiments: " + ", ".join(sorted(packaged_experiments()))]
+    return "\n".join(lines)
 
 
 def _config_keys(config: ml_collections.ConfigDict, prefix: str = "config.") -> list[str]:
@@ -91,6 +181,7 @@ def _config_keys(config: ml_collections.ConfigDict, prefix: str = "config.") -> 
 
 
 def _load_experiment(path: str) -> ml_collections.ConfigDict:
+
     spec = importlib.util.spec_from_file_location("experiment", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -98,27 +189,44 @@ def _load_experiment(path: str) -> ml_collections.ConfigDict:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing; an unknown --config.x override fails listing the valid keys."""
+    """The command and its flags, checked before anything is imported or run."""
+    args = argv[1:]
+    command = args[0] if args and not args[0].startswith("-") else None
+    if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in args):
+        print(_help(command if command in COMMANDS else None))
+        sys.exit(0)
+    if command is None:
+        _fail(f"{_prog()}: no command; {_help(None).splitlines()[0]} (COMMAND: {', '.join(COMMANDS)})")
+    if command not in COMMANDS:
+        _fail(f"{_prog()}: unknown command {command!r}; usage: {_prog()} COMMAND [--flags] ({', '.join(COMMANDS)})")
+    _check_flag_names(command, args[1:])
     try:
-        return FLAGS(argv)
+        args = _resolve_config(args)
+    except UserError as e:
+        _fail(f"{_prog()} {command}: {e}")
+    try:
+        rest = FLAGS([argv[0], *args])
     except Exception as e:  # flag values, or the experiment file's own code (a SyntaxError names its line)
-        message = f"{Path(argv[0]).name}: {e if isinstance(e, flags.Error) else f'{type(e).__name__}: {e}'}"
-        bad = [a.split("=")[0].lstrip("-") for a in argv[1:] if a.startswith("--config.")]
-        config_path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
-        if bad and config_path and Path(config_path).is_file():
-            valid = _config_keys(_load_experiment(config_path))
-            unknown = [b for b in bad if b not in valid]
-            if unknown:
-                message = (
-                    f"{Path(argv[0]).name}: unknown config key(s) {', '.join(unknown)}. Valid keys:\n  "
-                    + "\n  ".join(valid)
-                )
-        _fail(message, 2)
+        _fail(f"{_prog()} {command}: {_flag_error(e, args)}")
+    if len(rest) != 2:
+        _fail(f"{_prog()} {command}: unexpected arguments {' '.join(rest[2:])}; {_usage(command)}")
+    missing = [f"--{n}" for n in COMMANDS[command].required if not FLAGS[n].present]
+    if missing:
+        _fail(f"{_prog()} {command}: {' and '.join(missing)} required; {_usage(command)}")
+    return rest
 
 
-def _fail(message: str, status: int) -> None:
-    print(message, file=sys.stderr)
-    sys.exit(status)
+def _flag_error(error: Exception, args: list[str]) -> str:
+    """absl's message, or for an unknown --config.x override the list of valid keys."""
+    message = str(error) if isinstance(error, flags.Error) else f"{type(error).__name__}: {error}"
+    bad = [a.split("=")[0].lstrip("-") for a in args if a.startswith("--config.")]
+    config_path = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
+    if bad and config_path and Path(config_path).is_file():
+        valid = _config_keys(_load_experiment(config_path))
+        unknown = [b for b in bad if b not in valid]
+        if unknown:
+            return f"unknown config key(s) {', '.join(unknown)}. Valid keys:\n  " + "\n  ".join(valid)
+    return message
 
 
 def _not_an_orbax_thread_error(record: logging.LogRecord) -> bool:
@@ -128,30 +236,25 @@ def _not_an_orbax_thread_error(record: logging.LogRecord) -> bool:
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout, force=True
-    )
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_not_an_orbax_thread_error)
+    handler = log_handler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    handler.addFilter(_not_an_orbax_thread_error)
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     for noisy in ("absl", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _require(*names: str) -> None:
-    missing = [f"--{n}" for n in names if getattr(FLAGS, n) is None]
-    if missing:
-        raise UserError(f"{' '.join(missing)} required")
 
 
 def cmd_train() -> None:
     from elmo_jax.train.loop import train
 
-    _require("config", "workdir")
     try:
         FLAGS.config.keys()
     except OSError as e:  # ml_collections keeps a config file that failed to load as an error object
         reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
-        raise UserError(f"--config={FLAGS['config'].config_filename}: cannot be loaded ({reason})") from None
+        raise UserError(
+            f"--config={FLAGS['config'].config_filename}: cannot be loaded ({reason}); "
+            f"packaged experiments: {', '.join(sorted(packaged_experiments()))}"
+        ) from None
     print(FLAGS.config)
     result = train(FLAGS.config, FLAGS.workdir)
     if result:
@@ -161,32 +264,32 @@ def cmd_train() -> None:
 def cmd_eval() -> None:
     from elmo_jax.train.evaluate_run import evaluate_workdir
 
-    _require("workdir")
-    result = evaluate_workdir(FLAGS.workdir, FLAGS.data, FLAGS["max-sentences"].value or None, FLAGS.batch_size)
+    result = evaluate_workdir(FLAGS.workdir, FLAGS.data, FLAGS.max_sentences or None, FLAGS.batch_size)
     print(json.dumps(result))
 
 
 def cmd_import() -> None:
     from elmo_jax.model_io import load_model, save_imported
 
-    _require("options", "weights", "out")
     model = load_model(options=FLAGS.options, weights=FLAGS.weights)
-    save_imported(model, FLAGS.out, FLAGS.overwrite, (FLAGS.options, FLAGS.weights))
+    save_imported(model, FLAGS.output, FLAGS.overwrite, (FLAGS.options, FLAGS.weights))
     log.info(
-        "imported %s + %s into %s (embedding-only: the file holds no softmax)", FLAGS.options, FLAGS.weights, FLAGS.out
+        "imported %s + %s into %s (embedding-only: the file holds no softmax)",
+        FLAGS.options,
+        FLAGS.weights,
+        FLAGS.output,
     )
 
 
 def cmd_export() -> None:
     from elmo_jax.model_io import export_model, load_model
 
-    _require("workdir", "out")
-    export_model(load_model(FLAGS.workdir), FLAGS.out, FLAGS.overwrite, (FLAGS.workdir,))
+    export_model(load_model(FLAGS.workdir), FLAGS.output, FLAGS.overwrite, (FLAGS.workdir,))
     log.info(
         "exported %s to %s (options.json, weights.hdf5%s)",
         FLAGS.workdir,
-        FLAGS.out,
-        ", vocab.txt" if (Path(FLAGS.out) / "vocab.txt").is_file() else "",
+        FLAGS.output,
+        ", vocab.txt" if (Path(FLAGS.output) / "vocab.txt").is_file() else "",
     )
 
 
@@ -195,9 +298,8 @@ def cmd_embed() -> None:
     from elmo_jax.model_io import load_model
     from elmo_jax.outputs import check_output
 
-    _require("input", "output")
     if FLAGS.workdir is None and (FLAGS.options is None or FLAGS.weights is None):
-        raise UserError("give --workdir (a workdir or imported model) or --options and --weights")
+        raise UserError(f"give --workdir (a workdir or model folder) or --options and --weights; {_usage('embed')}")
     inputs = (FLAGS.input, FLAGS.workdir, FLAGS.options, FLAGS.weights)
     check_output(FLAGS.output, FLAGS.overwrite, inputs, "--output")  # before loading the model
     model = load_model(FLAGS.workdir, FLAGS.options, FLAGS.weights)
@@ -220,23 +322,85 @@ def cmd_vocab() -> None:
     from elmo_jax.text.sources import stream_sentences
     from elmo_jax.text.vocab import build_vocabulary, summary
 
-    _require("data", "out")
     inputs = _source_files(FLAGS.data)
-    check_output(FLAGS.out, FLAGS.overwrite, inputs, "--out")  # before counting
-    vocab, stats = build_vocabulary(stream_sentences(FLAGS.data), FLAGS["min-count"].value)
-    with replacing(FLAGS.out, FLAGS.overwrite, inputs, "--out") as tmp:
+    check_output(FLAGS.output, FLAGS.overwrite, inputs, "--output")  # before counting
+    vocab, stats = build_vocabulary(stream_sentences(FLAGS.data), FLAGS.min_count)
+    with replacing(FLAGS.output, FLAGS.overwrite, inputs, "--output") as tmp:
         vocab.save(tmp)
-    log.info("%s: %s; written to %s", FLAGS.data, summary(stats), FLAGS.out)
+    log.info("%s: %s; written to %s", FLAGS.data, summary(stats), FLAGS.output)
     print(json.dumps(stats))
 
 
+def cmd_plot() -> None:
+    from elmo_jax.curves import plot_curves
+
+    # The default output is the run folder's own picture, redrawn each time.
+    overwrite = FLAGS.overwrite or FLAGS.output is None
+    log.info("training curves: %s", plot_curves(FLAGS.workdir, FLAGS.output, overwrite))
+
+
 COMMANDS = {
-    "vocab": cmd_vocab,
-    "train": cmd_train,
-    "eval": cmd_eval,
-    "import": cmd_import,
-    "export": cmd_export,
-    "embed": cmd_embed,
+    "vocab": Command(
+        cmd_vocab,
+        "Count a source into a vocabulary file (bilm-tf's format), in one streaming pass.",
+        "--data=SOURCE --output=FILE [--min_count=N] [--overwrite]",
+        ("data", "output", "min_count", "overwrite"),
+        ("data", "output"),
+    ),
+    "train": Command(
+        cmd_train,
+        "Train a biLM from an experiment config, or resume the run in --workdir.",
+        "--config=NAME|FILE --workdir=DIR [--config.SECTION.KEY=VALUE ...]",
+        ("config", "workdir"),
+        ("config", "workdir"),
+    ),
+    "eval": Command(
+        cmd_eval,
+        "Held-out perplexity (full softmax) of a workdir's latest checkpoint.",
+        "--workdir=DIR [--data=SOURCE] [--max_sentences=N] [--batch_size=N]",
+        ("workdir", "data", "max_sentences", "batch_size"),
+        ("workdir",),
+    ),
+    "import": Command(
+        cmd_import,
+        "bilm-tf options.json + weights.hdf5 -> a model folder (params checkpoint).",
+        "--options=FILE --weights=FILE --output=DIR [--overwrite]",
+        ("options", "weights", "output", "overwrite"),
+        ("options", "weights", "output"),
+    ),
+    "export": Command(
+        cmd_export,
+        "A workdir or model folder -> bilm-tf options.json + weights.hdf5 (+ vocab.txt).",
+        "--workdir=DIR --output=DIR [--overwrite]",
+        ("workdir", "output", "overwrite"),
+        ("workdir", "output"),
+    ),
+    "embed": Command(
+        cmd_embed,
+        "A text file, one sentence a line -> ELMo layers in HDF5 (as `allennlp elmo` writes them).",
+        "--input=FILE --output=FILE (--workdir=DIR | --options=FILE --weights=FILE) [--layers=all|top|average]",
+        (
+            "input",
+            "output",
+            "workdir",
+            "options",
+            "weights",
+            "layers",
+            "batch_size",
+            "max_tokens",
+            "max_sentence_tokens",
+            "stateful",
+            "overwrite",
+        ),
+        ("input", "output"),
+    ),
+    "plot": Command(
+        cmd_plot,
+        "The training curves of a workdir (loss, held-out perplexity) as a PNG; needs matplotlib.",
+        "--workdir=DIR [--output=FILE] [--overwrite]",
+        ("workdir", "output", "overwrite"),
+        ("workdir",),
+    ),
 }
 
 
@@ -247,27 +411,29 @@ def _source_files(source: str) -> tuple[str, ...]:
 
 
 def main(argv: list[str]) -> None:
+    from elmo_jax.compile_time import use_persistent_cache  # JAX: only once the flags are good
+    from elmo_jax.host_memory import keep_freed_memory
+
+    command = argv[1]
     _setup_logging()
     keep_freed_memory()
     if FLAGS.compile_cache:
         use_persistent_cache(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elmo_jax" / "jax")
-    if len(argv) != 2 or argv[1] not in COMMANDS:
-        _fail(f"usage: launch.py COMMAND [--flags]; COMMAND is one of: {', '.join(COMMANDS)}", 2)
     try:
-        _run(argv[1])
+        _run(command)
     except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
-        _report(argv[1], e, 2)
+        _report(command, e, 2)
     except (RunFailed, OSError) as e:
-        _report(argv[1], e, 1)
+        _report(command, e, 1)
     except KeyboardInterrupt:
-        _fail(f"launch.py {argv[1]}: interrupted", 130)
+        _fail(f"{_prog()} {command}: interrupted", 130)
 
 
 def _report(command: str, error: BaseException, status: int) -> None:
     """One line, unless --verbose or ELMO_JAX_TRACEBACK=1 asks for the traceback."""
     if FLAGS.verbose or os.environ.get("ELMO_JAX_TRACEBACK") == "1":
         raise error
-    print(f"launch.py {command}: {error}", file=sys.stderr)
+    print(f"{_prog()} {command}: {error}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # no interpreter teardown: a failed save's threads would print their own tracebacks
@@ -283,4 +449,13 @@ def _run(command: str) -> None:
             raise UserError(str(e)) from None
     elif FLAGS.num_processes is not None or FLAGS.process_id is not None:
         raise UserError("--num_processes and --process_id need --coordinator=HOST:PORT (or auto)")
-    COMMANDS[command]()
+    COMMANDS[command].run()
+
+
+def run() -> None:
+    """The entry point: absl parses (parse_flags), then the command runs."""
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()

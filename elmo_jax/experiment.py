@@ -1,4 +1,5 @@
-"""The experiment config: one ml_collections ConfigDict per run (see experiments/*.py).
+"""The experiment config: one ml_collections ConfigDict per run (see experiments/*.py, installed
+as the package elmo_jax.experiments and named by `experiment_file`).
 
 model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
 train  the recipe (docs/MODEL.md section 5) and the loop's cadence
@@ -8,7 +9,9 @@ data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`) and the vocabulary file
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import math
+from pathlib import Path
 
 import ml_collections
 
@@ -60,6 +63,26 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.data.min_count = 1
     config.lock()
     return config
+
+
+def packaged_experiments() -> dict[str, Path]:
+    """The experiment files installed with elmo_jax (experiments/ in a source checkout), by name."""
+    folder = importlib.resources.files("elmo_jax.experiments")
+    return {p.name[:-3]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".py") and p.name[0] != "_"}
+
+
+def experiment_file(name_or_path: str) -> str:
+    """--config's value -> a config file: a packaged experiment's name (`demo`, `elmo_small`,
+    ...) or a path, returned as it is (with any `:argument` for get_config)."""
+    path, colon, argument = name_or_path.partition(":")
+    if "/" in path or path.endswith(".py") or Path(path).exists():
+        return name_or_path
+    packaged = packaged_experiments()
+    if path not in packaged:
+        raise UserError(
+            f"--config={name_or_path}: not a packaged experiment ({', '.join(sorted(packaged))}) nor a config file"
+        )
+    return f"{packaged[path]}{colon}{argument}"
 
 
 LM1B = "lm1b:data/1-billion-word-language-modeling-benchmark-r13output"

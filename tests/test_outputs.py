@@ -52,8 +52,8 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
 def test_commands_refuse_to_overwrite_their_inputs_and_existing_outputs(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the river bank\nthe money bank\n")
-    result = run_cli(["vocab", f"--data=text:{corpus}", f"--out={corpus}", "--overwrite"])
-    assert_one_line_error(result, 2, "--out", "corpus.txt", "input")
+    result = run_cli(["vocab", f"--data=text:{corpus}", f"--output={corpus}", "--overwrite"])
+    assert_one_line_error(result, 2, "--output", "corpus.txt", "input")
     result = run_cli(
         ["embed", f"--input={corpus}", f"--output={corpus}", "--options=x.json", "--weights=y.hdf5", "--overwrite"]
     )
@@ -63,10 +63,10 @@ def test_commands_refuse_to_overwrite_their_inputs_and_existing_outputs(tmp_path
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("mine\n")
     assert_one_line_error(
-        run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}"]), 2, "already exists", "--overwrite"
+        run_cli(["vocab", f"--data=text:{corpus}", f"--output={vocab}"]), 2, "already exists", "--overwrite"
     )
     assert vocab.read_text() == "mine\n"
-    assert run_cli(["vocab", f"--data=text:{corpus}", f"--out={vocab}", "--overwrite"]).returncode == 0
+    assert run_cli(["vocab", f"--data=text:{corpus}", f"--output={vocab}", "--overwrite"]).returncode == 0
     assert vocab.read_text().splitlines()[:4] == ["<S>", "</S>", "<UNK>", "bank"]
 
 
@@ -117,16 +117,16 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     assert any(killed)  # at least one kill landed while the output was being written
 
     imported = tmp_path / "imported"
-    assert run_cli(["import", *model, f"--out={imported}"]).returncode == 0
-    again = run_cli(["import", *model, f"--out={imported}"])
+    assert run_cli(["import", *model, f"--output={imported}"]).returncode == 0
+    again = run_cli(["import", *model, f"--output={imported}"])
     assert_one_line_error(again, 2, "already exists", "--overwrite")
     exported = tmp_path / "exported"
     exported.mkdir()
     (exported / "vocab.txt").write_text("a stale vocabulary\n")
     for seed in range(3):
-        _kill_while_writing(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"], exported, seed)
+        _kill_while_writing(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"], exported, seed)
         names = sorted(p.name for p in exported.iterdir())
         assert names in (["vocab.txt"], ["options.json", "weights.hdf5"]), names
-    result = run_cli(["export", f"--workdir={imported}", f"--out={exported}", "--overwrite"])
+    result = run_cli(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"])
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in exported.iterdir()) == ["options.json", "weights.hdf5"]  # no stale vocab.txt

@@ -80,7 +80,7 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
             "import",
             f"--options={tmp_path / 'options.json'}",
             f"--weights={fixtures_dir / 'elmo' / 'lm_weights.hdf5'}",
-            f"--out={tmp_path / 'out'}",
+            f"--output={tmp_path / 'out'}",
         ]
     )
     assert_one_line_error(result, 2, 'options.json: lstm.use_skip_connections is "false"; it must be true or false')

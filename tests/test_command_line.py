@@ -1,0 +1,107 @@
+"""The command line as a user meets it: the installed `elmo-jax` command and `python -m elmo_jax`
+from any folder, help on every command, one flag spelling, and one-line errors with the usage."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli import ROOT, assert_one_line_error, run_cli
+from test_training_run import TINY_FLAGS
+
+from elmo_jax.cli import COMMANDS, COMMON_FLAGS
+
+ELMO_JAX = Path(sys.executable).parent / "elmo-jax"  # the console script pip installs beside python
+
+
+def test_help_lists_the_commands_and_every_flag_of_each():
+    top = run_cli(["--help"])
+    assert top.returncode == 0 and top.stdout.startswith("usage: launch.py COMMAND")
+    assert all(f"  {name} " in top.stdout for name in COMMANDS)
+    for name, command in COMMANDS.items():
+        shown = run_cli([name, "--help"])
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith(f"usage: launch.py {name} "), shown.stdout
+        for flag in command.flags + COMMON_FLAGS:
+            assert f"--{flag} " in shown.stdout or f"--[no]{flag} " in shown.stdout, (name, flag)
+        others = {f for c in COMMANDS.values() for f in c.flags} - set(command.flags)
+        assert not [f for f in others if f"  --{f} " in shown.stdout or f"--[no]{f} " in shown.stdout], name
+    assert "packaged experiments: cpu_peer, demo," in run_cli(["train", "--help"]).stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        ([], ["launch.py: no command", "usage: launch.py COMMAND"]),
+        (["trian"], ["unknown command 'trian'", "train"]),
+        (["train", "--workdir=w"], ["launch.py train: --config required", "usage: launch.py train --config="]),
+        (["import", "--options=o"], ["--weights and --output required", "usage: launch.py import"]),
+        (["vocab", "--data=demo", "--min-count=3", "--output=v"], ["--min-count: flags are spelled", "--min_count"]),
+        (["eval", "--workdir=w", "--max-sentences", "5"], ["--max_sentences"]),
+        (["export", "--workdir=w", "--out=o"], ["--out is now --output"]),
+        (["train", "--config=demo", "--workdir=w", "--layers=top"], ["--layers is not a flag of train"]),
+        (["eval", "--workdir=w", "--config.train.seed=1"], ["--config.train.seed is not a flag of eval"]),
+        (["embed", "--input=i", "--output=o", "--nostateful", "--config=demo"], ["--config is not a flag of embed"]),
+        (["train", "--config=nosuch", "--workdir=w"], ["--config=nosuch: not a packaged experiment", "demo"]),
+        (["plot", "--workdir=w", "--nosuchflag=1"], ["Unknown command line flag 'nosuchflag'"]),
+        (["plot", "--workdir=w", "extra"], ["unexpected arguments extra", "usage: launch.py plot"]),
+    ],
+)
+def test_bad_command_lines_are_one_line_with_the_usage_and_exit_2(args, fragments):
+    assert_one_line_error(run_cli(args), 2, *fragments)
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ELMO_JAX.is_file(), reason=f"elmo_jax is not installed ({ELMO_JAX} not found)")
+def test_installed_command_trains_a_packaged_experiment_from_any_folder(tmp_path, text_data):
+    pytest.importorskip("matplotlib")
+    workdir = tmp_path / "w"
+    data = [
+        f"--config.data.train=text:{text_data / 'train.txt'}",
+        f"--config.data.heldout=text:{text_data / 'heldout.txt'}",
+    ]
+    steps = ["--config.train.max_steps=6", "--config.train.checkpoint_every=3"]
+    train = _run(
+        [str(ELMO_JAX), "train", "--config=demo", f"--workdir={workdir}", *steps, *data, *TINY_FLAGS], tmp_path
+    )
+    assert (workdir / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the end
+    environment = json.loads((workdir / "config.json").read_text())["environment"]
+    assert environment["packages"]["jax"] and environment["device_kind"] == "cpu"
+    assert environment["git_commit"] is None or len(environment["git_commit"].split("-")[0]) == 40
+
+    evaluated = _run([sys.executable, "-m", "elmo_jax", "eval", f"--workdir={workdir}", "--nocompile_cache"], tmp_path)
+    assert "compiled jit(eval_step) in " in evaluated.stdout  # every compile is logged with its time
+    result = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    final = json.loads(train.stdout.strip().splitlines()[-1])
+    assert result["step"] == 6 and result["perplexity"] == pytest.approx(final["perplexity"], rel=1e-6)
+
+    picture = tmp_path / "curves.png"
+    _run([sys.executable, "-m", "elmo_jax", "plot", f"--workdir={workdir}", f"--output={picture}"], cwd=tmp_path)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_one_line_error(run_cli(["plot", f"--workdir={workdir}", f"--output={picture}"]), 2, "already exists")
+
+
+def test_the_wheel_holds_the_package_and_the_experiments(tmp_path):
+    """What `pip install .` installs: every module of elmo_jax, the experiments, the command."""
+    import zipfile
+
+    wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)]
+    built = subprocess.run(wheel, capture_output=True, text=True)  # builds as `pip install .` does
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    source = {str(p.relative_to(ROOT)) for p in (ROOT / "elmo_jax").rglob("*.py")}
+    assert source <= names, source - names
+    experiments = {f"elmo_jax/experiments/{p.name}" for p in (ROOT / "experiments").glob("*.py")}
+    assert experiments <= names and "elmo_jax/experiments/demo.py" in experiments
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "elmo-jax = elmo_jax.__main__:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
