@@ -1,4 +1,5 @@
-"""Compilation, measured apart from the work: JAX's own monitoring events, summed since start-up.
+"""Compilation, measured apart from the work: JAX's own monitoring events, summed since start-up,
+and every program's XLA compilation logged with its time.
 
 `CompileClock()` takes a reading; `.since()` gives the seconds spent tracing, lowering and
 compiling (or fetching from the persistent compilation cache) since then, the programs compiled
@@ -9,6 +10,7 @@ every compile, so a second run of the same model compiles nothing.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import jax
@@ -21,13 +23,21 @@ _DURATIONS = (
 _PROGRAM = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _totals = {"seconds": 0.0, "programs": 0, "cached": 0}
+_cached_before = [0]  # cache hits counted at the previous program
+log = logging.getLogger(__name__)
 
 
-def _on_duration(event: str, duration: float, **_) -> None:
+def _on_duration(event: str, duration: float, fun_name: str = "a program", **_) -> None:
     if event in _DURATIONS:
         _totals["seconds"] += duration
     if event == _PROGRAM:
         _totals["programs"] += 1
+        cached = _totals["cached"] > _cached_before[0]
+        _cached_before[0] = _totals["cached"]
+        if cached:
+            log.debug("loaded %s from the compile cache in %.1f s", fun_name, duration)
+        else:
+            log.info("compiled %s in %.1f s", fun_name, duration)
 
 
 def _on_event(event: str, **_) -> None:

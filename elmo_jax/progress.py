@@ -1,12 +1,29 @@
-"""A one-line progress bar with rate and ETA for long work (training, embedding), drawn only on
-a terminal and only by process 0."""
+"""The terminal: log lines and the progress bar of long work (training, embedding) through one
+rich Console, so that the bar stays below the log lines and neither overwrites the other.
+
+Off a terminal (a file, a pipe, CI) log lines are plain lines on stdout and no bar is drawn;
+only process 0 draws one.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 
-import jax
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+_console: Console | None = None
+
+
+def _terminal() -> Console | None:
+    """The Console of a terminal stdout (None when stdout is not one)."""
+    global _console
+    if _console is None and sys.stdout.isatty():
+        _console = Console(file=sys.stdout, highlight=False, markup=False)
+    return _console
 
 
 def format_duration(seconds: float) -> str:
@@ -16,35 +33,68 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+class _ConsoleHandler(logging.Handler):
+    """Prints each record through the terminal's Console: above a live progress bar."""
+
+    def __init__(self, console: Console):
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(Text(self.format(record)), soft_wrap=True)
+        except Exception:
+            self.handleError(record)
+
+
+def log_handler() -> logging.Handler:
+    """The handler for the root logger: through the Console on a terminal, else to stdout."""
+    console = _terminal()
+    return _ConsoleHandler(console) if console is not None else logging.StreamHandler(sys.stdout)
+
+
+class _Rate(ProgressColumn):
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:,.1f} {self.unit}/s" if task.speed else f"? {self.unit}/s")
+
+
 class ProgressBar:
-    """A one-line bar with rate and ETA, drawn only when stdout is a terminal."""
+    """A bar with the count, the rate and the ETA, and a line of text after them; drawn only on
+    a terminal, by process 0. `done` is where the work starts (a resumed run's step)."""
 
-    def __init__(self, total: int, unit: str = "step"):
-        self.total, self.unit = total, unit
-        self.enabled = sys.stdout.isatty() and jax.process_index() == 0
+    def __init__(self, total: int, unit: str = "step", done: int = 0):
+        import jax
+
         self.start = time.monotonic()
-        self.last_draw = 0.0
+        console = _terminal() if jax.process_index() == 0 else None
+        self._progress = None
+        if console is not None:
+            self._progress = Progress(
+                BarColumn(),
+                MofNCompleteColumn(),
+                _Rate(unit),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=console,
+                transient=True,
+            )
+            self._task = self._progress.add_task("", total=total, completed=done, info="")
+            self._progress.start()
 
-    def update(self, done: int, first: int = 0, suffix: str = "") -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last_draw < 0.2 and done < self.total):
-            return
-        self.last_draw = now
-        rate = (done - first) / self.elapsed()
-        eta = (self.total - done) / rate if rate > 0 else 0.0
-        width = 30
-        filled = int(width * done / max(self.total, 1))
-        bar = "#" * filled + "." * (width - filled)
-        sys.stdout.write(
-            f"\r[{bar}] {done}/{self.total} {rate:.1f} {self.unit}/s ETA {format_duration(eta)} {suffix}\033[K"
-        )
-        sys.stdout.flush()
+    def update(self, done: int, info: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, info=info)
 
     def elapsed(self) -> float:
-        """Seconds since `start` (more than 0)."""
+        """Seconds since the bar was made (more than 0)."""
         return max(time.monotonic() - self.start, 1e-9)
 
-    def clear(self) -> None:
-        if self.enabled:
-            sys.stdout.write("\r\033[K")
-            sys.stdout.flush()
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

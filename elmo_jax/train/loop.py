@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from pathlib import Path
 
 import jax
@@ -15,6 +14,7 @@ import ml_collections
 
 from elmo_jax import experiment
 from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.curves import plot_after_training
 from elmo_jax.errors import UserError
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
@@ -131,12 +131,11 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
             params, heldout, vocab, model_config, t.eval_batch_size, t.unroll_steps, max_sentences, parallel
         )
 
-    compile_start = time.monotonic()
     step_fn = make_train_step(model_config, hp, parallel, shardings)
     writer = MetricWriter(workdir)
     window = TrainWindow(writer, total_steps, "sampled" if hp.sample_softmax else "full")
     divergence = DivergenceCheck(checkpoints, hp)
-    bar = ProgressBar(total_steps)
+    bar = ProgressBar(total_steps, done=start)
     prefetch = Prefetcher(batcher, parallel.put_batch)
 
     def record(step: int, metrics: dict[str, jax.Array]) -> None:
@@ -150,11 +149,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
     try:
         for step in range(start + 1, total_steps + 1):
             batch, data_state = next(prefetch)
-            state, metrics = step_fn(state, batch)
-            if step == start + 1:
-                log.info("train step compiled in %.1fs", time.monotonic() - compile_start)
-                window.restart()  # rates exclude the compile
-                bar.start = window.start
+            with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
+                state, metrics = step_fn(state, batch)
             # Read the previous step's numbers while this one runs.
             if pending is not None:
                 record(*pending)
@@ -173,13 +169,14 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
             elif must_save:
                 checkpoints.save(step, state, data_state, parallel)
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
-                log_eval(step, evaluate_heldout(state.params, t.eval_sentences or None), writer)
-            bar.update(step, start + 1, f"loss {window.last_loss:.3f}")
+                with window.leave_out():
+                    log_eval(step, evaluate_heldout(state.params, t.eval_sentences or None), writer)
+            bar.update(step, f"loss {window.last_loss:.3f}")
             if stopped:
                 log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
                 break
     finally:
-        bar.clear()
+        bar.close()
         prefetch.close()
         checkpoints.wait()
         checkpoints.close()
@@ -195,6 +192,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
                 signal_name,
             )
     writer.close()
+    if jax.process_index() == 0:
+        plot_after_training(workdir)
     return result
 
 

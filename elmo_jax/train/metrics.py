@@ -4,12 +4,15 @@ TensorFlow needed). Only process 0 writes files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 
 import jax
 
+from elmo_jax.compile_time import CompileClock
 from elmo_jax.progress import format_duration
 from elmo_jax.train.evaluate import safe_exp
 from elmo_jax.workdir import Workdir
@@ -46,7 +49,8 @@ class MetricWriter:
 
 class TrainWindow:
     """The steps since the last log line: their summed metrics, tokens and time. `softmax`
-    ("sampled" or "full") says what the train perplexities are of."""
+    ("sampled" or "full") says what the train perplexities are of. Its time is the steps' own:
+    what runs under `leave_out` (evaluations, step calls that compile) is not in the rates."""
 
     def __init__(self, writer: MetricWriter, total_steps: int, softmax: str):
         self.writer, self.total_steps, self.softmax = writer, total_steps, softmax
@@ -54,8 +58,23 @@ class TrainWindow:
         self.restart()
 
     def restart(self) -> None:
-        """An empty window from now (also: rates exclude the compile before it)."""
-        self.start, self.steps, self.tokens, self.sums = time.monotonic(), 0, 0, {}
+        """An empty window from now."""
+        self.start, self.steps, self.tokens, self.sums, self.excluded = time.monotonic(), 0, 0, {}, 0.0
+
+    @contextlib.contextmanager
+    def leave_out(self, only_if_compiled: bool = False) -> Iterator[None]:
+        """Leaves the time inside out of the rates: always (an evaluation), or when a program was
+        compiled inside (a step call, which otherwise only dispatches the step)."""
+        start, clock = time.monotonic(), CompileClock()
+        try:
+            yield
+        finally:
+            if not only_if_compiled or clock.since().programs:
+                self.excluded += time.monotonic() - start
+
+    def elapsed(self) -> float:
+        """The window's seconds of stepping: wall time less what was left out."""
+        return max(time.monotonic() - self.start - self.excluded, 1e-9)
 
     def add(self, values: dict[str, float]) -> None:
         """One step's metrics as plain floats (loss, loss_forward, loss_backward, grad_norm, tokens)."""
@@ -68,7 +87,7 @@ class TrainWindow:
 
     def log(self, step: int, epoch: float) -> None:
         """Logs and writes the window's means, then starts a new window."""
-        elapsed = time.monotonic() - self.start
+        elapsed = self.elapsed()
         n = max(self.steps, 1)
         mean = {k: v / n for k, v in self.sums.items()}
         step_time = elapsed / n
@@ -76,7 +95,7 @@ class TrainWindow:
             **mean,
             "perplexity_forward": safe_exp(mean["loss_forward"]),
             "perplexity_backward": safe_exp(mean["loss_backward"]),
-            "tokens_per_sec": self.tokens / max(elapsed, 1e-9),
+            "tokens_per_sec": self.tokens / elapsed,
             "step_time_s": step_time,
             "epoch": epoch,
         }

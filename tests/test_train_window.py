@@ -1,0 +1,43 @@
+"""The log window's rates count the steps' own time: compilation and evaluations are left out."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from elmo_jax.train.metrics import TrainWindow
+
+
+class Records:
+    def __init__(self):
+        self.written = []
+
+    def write(self, step, kind, values):
+        self.written.append((step, kind, values))
+
+
+def many_ops(x):
+    """A program whose compilation takes a while (a second or so on a CPU)."""
+    for i in range(300):
+        x = jnp.sin(x @ x.T @ x + i) if i % 2 else jnp.tanh(x * i)
+    return x
+
+
+def test_step_calls_that_compile_and_evaluations_are_left_out_of_the_rates():
+    records = Records()
+    window = TrainWindow(records, total_steps=10, softmax="sampled")
+    step = jax.jit(many_ops)
+    with window.leave_out(only_if_compiled=True):
+        step(jnp.ones((5, 9))).block_until_ready()  # compiles: a second or so
+    with window.leave_out(only_if_compiled=True):
+        step(jnp.ones((5, 9))).block_until_ready()
+        time.sleep(0.2)  # a step's work
+    with window.leave_out():  # an evaluation
+        time.sleep(0.3)
+    window.add({"loss": 2.0, "loss_forward": 2.1, "loss_backward": 1.9, "grad_norm": 1.0, "tokens": 1000})
+    assert 0.2 <= window.elapsed() < 0.3
+    window.log(step=1, epoch=0.0)
+    ((_, kind, values),) = records.written
+    assert kind == "train" and 1000 / 0.4 < values["tokens_per_sec"] <= 1000 / 0.2
+    assert values["step_time_s"] == pytest.approx(1000 / values["tokens_per_sec"])
