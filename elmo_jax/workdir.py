@@ -1,11 +1,13 @@
 """The run folder (--workdir): the one place that knows its layout and what a resume checks.
 
-  config.json    the run's experiment config (train.devices resolved) and its vocabulary's size and hash
+  config.json    the run's experiment config (train.devices resolved), its vocabulary's size and hash,
+                 and what it ran on (package versions, device kind, git commit: elmo_jax/environment.py)
   vocab.txt      the vocabulary, one word a line in softmax row order (elmo_jax/text/vocab.py)
   checkpoints/   Orbax checkpoints (elmo_jax/train/checkpoint.py); damaged steps are moved to
                  damaged_checkpoints/ beside it
   metrics.jsonl  one JSON record per train log window and per evaluation
   tensorboard/   the same numbers as TensorBoard event files
+  training_curves.png  drawn from metrics.jsonl after training and by `elmo-jax plot` (elmo_jax/curves.py)
   train.lock     held by the run training in the folder (elmo_jax/train/run_lock.py)
 
 `Workdir.restore_params` reads only the params of the newest intact checkpoint, not the
@@ -23,6 +25,7 @@ import jax
 import ml_collections
 
 from elmo_jax.config import ModelConfig, read_json
+from elmo_jax.environment import environment
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
 from elmo_jax.model import Params
@@ -69,6 +72,7 @@ class Workdir:
         self.checkpoints = self.path / "checkpoints"
         self.metrics_jsonl = self.path / "metrics.jsonl"
         self.tensorboard = self.path / "tensorboard"
+        self.curves_png = self.path / "training_curves.png"
         self.lock = self.path / "train.lock"
 
     def __str__(self) -> str:
@@ -93,9 +97,11 @@ class Workdir:
         return ml_collections.ConfigDict(config)
 
     def write_config(self, config: ml_collections.ConfigDict, vocab: Vocabulary) -> None:
-        """config.json: the resolved config and the vocabulary's record (process 0 writes)."""
+        """config.json: the resolved config, the vocabulary's record and the environment of the
+        run writing it (a resumed run records its own; process 0 writes)."""
         if jax.process_index() == 0:
-            text = json.dumps({**config.to_dict(), "vocabulary": vocab.record()}, indent=2) + "\n"
+            record = {**config.to_dict(), "vocabulary": vocab.record(), "environment": environment()}
+            text = json.dumps(record, indent=2) + "\n"
             write_text(self.config_json, text)
 
     def vocab(self) -> Vocabulary:
