@@ -1,26 +1,33 @@
 # Everything a fresh machine needs: `make demo` trains the demo model, `make test` runs the tests.
-# Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON)).
+# Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON)); the demo
+# installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, ruff, TFDS).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test lint install clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-dev
 
-$(VENV)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[plot]'
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: install
-	$(BIN)/python launch.py train --config=experiments/demo.py --workdir=workdirs/demo
+demo: $(VENV)/.installed-demo
+	$(BIN)/elmo-jax train --config=demo --workdir=workdirs/demo
 
-test: install
+test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
-lint: install
+lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 
