@@ -75,7 +75,7 @@ def experiment_file(name_or_path: str) -> str:
     """--config's value -> a config file: a packaged experiment's name (`demo`, `elmo_small`,
     ...) or a path, returned as it is (with any `:argument` for get_config)."""
     path, colon, argument = name_or_path.partition(":")
-    if "/" in path or path.endswith(".py") or Path(path).exists():
+    if "/" in path or path.endswith(".py") or Path(path).is_file():
         return name_or_path
     packaged = packaged_experiments()
     if path not in packaged:
