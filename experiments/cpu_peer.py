@@ -3,7 +3,7 @@ original bilm-tf recipe at 32 rows per device and 1,024 negatives: the model thi
 compares with the original bilm-tf code on one machine (benchmarks/throughput.py,
 benchmarks/bilm_tf_learning.py, docs/BILM_TF_COMPARISON.md). Point the data at your text:
 
-    python launch.py train --config=experiments/cpu_peer.py --workdir=runs/peer \\
+    elmo-jax train --config=cpu_peer --workdir=runs/peer \\
         --config.data.train='text:train.txt' --config.data.heldout='text:heldout.txt'
 """
 

@@ -1,12 +1,12 @@
 """Fine-tuning a trained biLM on new text with its own vocabulary (README, "Fine-tuning").
 
 The architecture and the starting weights come from `config.train.init_from`: a training
-workdir (e.g. `workdirs/demo` after `make demo`), a folder made by `launch.py import` or
-`launch.py export`, or the published weights exported that way. The token encoder and the LSTMs
+workdir (e.g. `workdirs/demo` after `make demo`), a folder made by `elmo-jax import` or
+`elmo-jax export`, or the published weights exported that way. The token encoder and the LSTMs
 are its own; softmax rows of words it knew are kept, the others start fresh. Point the data at
 your text:
 
-    python launch.py train --config=experiments/finetune.py --workdir=runs/finetune \\
+    elmo-jax train --config=finetune --workdir=runs/finetune \\
         --config.train.init_from=workdirs/demo \\
         --config.data.train='text:/data/mytext/train-*.txt' --config.data.heldout='text:/data/mytext/heldout.txt'
 """

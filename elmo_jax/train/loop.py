@@ -192,7 +192,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
                 signal_name,
             )
     writer.close()
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and not preemption.requested:  # a stopped run exits at once
         plot_after_training(workdir)
     return result
 
