@@ -79,6 +79,7 @@ log = logging.getLogger("elmo_jax")
 
 COMMON_FLAGS = ("compile_cache", "verbose", "coordinator", "num_processes", "process_id", "coordinator_timeout")
 RENAMED = {"out": "output"}  # flags of earlier releases
+QUOTE = "'"  # around absl's string defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +122,7 @@ def _check_flag_names(command: str, args: list[str]) -> None:
         bare = name[2:] if name.startswith("no") and name[2:] in ours else name
         if bare.startswith("config.") and "config" in allowed:
             continue
-        spelled = bare.replace("-", "_")
-        if "-" in bare and spelled in ours:
+        if "-" in bare and bare.replace("-", "_") in ours:
             _fail(f"{_prog()} {command}: --{name}: flags are spelled with underscores: --{name.replace('-', '_')}")
         if bare in RENAMED and RENAMED[bare] in allowed:
             _fail(f"{_prog()} {command}: --{bare} is now --{RENAMED[bare]}")
@@ -152,9 +152,7 @@ def _help(command: str | None) -> str:
     def describe(name: str) -> list[str]:
         flag = FLAGS[name]
         spelled = f"--[no]{name}" if isinstance(flag, flags.BooleanFlag) else f"--{name}"
-        default = (
-            "" if flag.default is None or name == "config" else f" (default: {flag.default_as_str.strip(chr(39))})"
-        )
+        default = "" if flag.default is None or name == "config" else f" (default: {flag.default_as_str.strip(QUOTE)})"
         text = textwrap.wrap(flag.help + default, width - 28)
         return [f"  {spelled:24s}  {text[0]}"] + [" " * 28 + t for t in text[1:]]
 
@@ -181,7 +179,6 @@ def _config_keys(config: ml_collections.ConfigDict, prefix: str = "config.") -> 
 
 
 def _load_experiment(path: str) -> ml_collections.ConfigDict:
-
     spec = importlib.util.spec_from_file_location("experiment", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

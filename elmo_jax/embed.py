@@ -281,31 +281,27 @@ def _embed_lines(
     empty_shape = (L1, 0, width) if layers == "all" else (0, width)
     sentence_to_index: dict[str, str] = {}
     done = n_tokens = 0
-    try:
-        with h5py.File(output_path, "w") as out, _Writer(out) as writer:
-            lines = read_lines(input_path)
-            while True:
-                chunk = [(n - 1, text.split(), text) for n, text in itertools.islice(lines, chunk_sentences)]
-                if not chunk:
-                    break
-                for index, tokens, text in chunk:
-                    if len(tokens) > max_sentence_tokens:
-                        raise UserError(
-                            f"{input_path}: line {index + 1} has {len(tokens):,} tokens, more than "
-                            f"--max_sentence_tokens={max_sentence_tokens:,} (is it one sentence?); split it or raise "
-                            "the limit"
-                        )
-                    sentence_to_index[text] = str(index)
-                writer.put([(str(i), np.zeros(empty_shape, np.float32)) for i, tokens, _ in chunk if not tokens])
-                work = [c for c in chunk if c[1]]
-                for batch, vectors in embedder.batches([c[1] for c in work]):
-                    writer.put([(str(work[k][0]), _select(v, layers)) for k, v in zip(batch, vectors)])
-                done += len(chunk)
-                n_tokens += sum(len(c[1]) for c in chunk)
-                bar.update(done, f"{n_tokens / bar.elapsed():,.0f} tokens/s")
-            writer.put([("sentence_to_index", np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype()))])
-    finally:
-        bar.close()
+    with bar, h5py.File(output_path, "w") as out, _Writer(out) as writer:
+        lines = read_lines(input_path)
+        while True:
+            chunk = [(n - 1, text.split(), text) for n, text in itertools.islice(lines, chunk_sentences)]
+            if not chunk:
+                break
+            for index, tokens, text in chunk:
+                if len(tokens) > max_sentence_tokens:
+                    raise UserError(
+                        f"{input_path}: line {index + 1} has {len(tokens):,} tokens, more than --max_sentence_tokens="
+                        f"{max_sentence_tokens:,} (is it one sentence?); split it or raise the limit"
+                    )
+                sentence_to_index[text] = str(index)
+            writer.put([(str(i), np.zeros(empty_shape, np.float32)) for i, tokens, _ in chunk if not tokens])
+            work = [c for c in chunk if c[1]]
+            for batch, vectors in embedder.batches([c[1] for c in work]):
+                writer.put([(str(work[k][0]), _select(v, layers)) for k, v in zip(batch, vectors)])
+            done += len(chunk)
+            n_tokens += sum(len(c[1]) for c in chunk)
+            bar.update(done, f"{n_tokens / bar.elapsed():,.0f} tokens/s")
+        writer.put([("sentence_to_index", np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype()))])
     seconds, compiled = bar.elapsed(), clock.since()
     working = max(seconds - compiled.seconds, 1e-9)
     log.info(

@@ -64,7 +64,8 @@ class _Rate(ProgressColumn):
 
 class ProgressBar:
     """A bar with the count, the rate and the ETA, and a line of text after them; drawn only on
-    a terminal, by process 0. `done` is where the work starts (a resumed run's step)."""
+    a terminal, by process 0. `done` is where the work starts (a resumed run's step). As a
+    context manager it is closed on the way out."""
 
     def __init__(self, total: int, unit: str = "step", done: int = 0):
         import jax
@@ -98,3 +99,9 @@ class ProgressBar:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *error) -> None:
+        self.close()

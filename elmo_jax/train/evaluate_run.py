@@ -1,4 +1,4 @@
-"""`launch.py eval`: the params of a workdir's latest checkpoint on a held-out source."""
+"""`elmo-jax eval`: the params of a workdir's latest checkpoint on a held-out source."""
 
 from __future__ import annotations
 

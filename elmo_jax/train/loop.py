@@ -188,7 +188,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
             log_eval(step, result, writer)
         except Stopped as signal_name:
             log.info(
-                "stopped during the final evaluation (%s): every step is saved; `launch.py eval` evaluates it",
+                "stopped during the final evaluation (%s): every step is saved; `elmo-jax eval` evaluates it",
                 signal_name,
             )
     writer.close()
