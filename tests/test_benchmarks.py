@@ -13,25 +13,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--config=cpu_peer", "--per-device-batch=2"]  # cpu_peer: a 5,000-word vocabulary
 
+# name: (script and flags, the measurements its JSON line must report as positive numbers)
 COMMANDS = {
-    "throughput train, profiled": [
-        "throughput.py",
-        *TINY,
-        "--unroll-steps=4",
-        "--steps=1",
-        "--warmup=1",
-        "--profile=1",
-    ],
-    "throughput embed": ["throughput.py", *TINY, "--mode=embed", "--sentences=40", "--steps=1"],
-    "critical path": ["critical_path.py", *TINY, "--unroll-steps=4"],
-    "recurrence": ["recurrence.py", *TINY, "--steps=1", "--unroll-steps=4"],
-    "input pipeline": ["input_pipeline.py", "--batch=4", "--unroll=5", "--vocab=500", "--batches=3"],
+    "throughput train, profiled": (
+        ["throughput.py", *TINY, "--unroll-steps=4", "--steps=1", "--warmup=1", "--profile=1"],
+        ("tokens_per_sec", "step_time_s", "compile_s", "profile.ops_per_step", "profile.op_seconds_per_step"),
+    ),
+    "throughput embed": (
+        ["throughput.py", *TINY, "--mode=embed", "--sentences=40", "--steps=1"],
+        ("tokens_per_sec", "pass_s", "encoder_distinct_words_s"),
+    ),
+    "critical path": (["critical_path.py", *TINY, "--unroll-steps=4"], ("dependent_loop_iterations",)),
+    "recurrence": (["recurrence.py", *TINY, "--steps=1", "--unroll-steps=4"], ("ms_wavefront", "ms_layers")),
+    "input pipeline": (
+        ["input_pipeline.py", "--batch=4", "--unroll=5", "--vocab=500", "--batches=3"],
+        ("tokens_per_sec", "ms_per_batch"),
+    ),
 }
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_benchmark_runs_and_reports_json(name):
-    script, *args = COMMANDS[name]
+def test_benchmark_runs_and_reports_its_measurements(name):
+    (script, *args), measurements = COMMANDS[name]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
         cwd=ROOT,
@@ -41,4 +44,8 @@ def test_benchmark_runs_and_reports_json(name):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert isinstance(result, dict) and result
+    for key in measurements:
+        value = result
+        for part in key.split("."):
+            value = value[part]
+        assert isinstance(value, (int, float)) and value > 0, (key, value)
