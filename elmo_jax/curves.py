@@ -47,7 +47,7 @@ def plot_curves(workdir: str | Path, output: str | Path | None = None, overwrite
     metrics = read_metrics(workdir.metrics_jsonl)
     if not metrics["train"] and not metrics["eval"]:
         raise UserError(f"{workdir.metrics_jsonl}: no records to draw")
-    sampled = workdir.saved().get("train", {}).get("sample_softmax", True) if workdir.config_json.is_file() else True
+    sampled = workdir.saved_config().train.sample_softmax if workdir.config_json.is_file() else True
 
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     loss, heldout = figure.subplots(1, 2)
