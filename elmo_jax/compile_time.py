@@ -1,5 +1,6 @@
 """Compilation, measured apart from the work: JAX's own monitoring events, summed since start-up,
-and every program's XLA compilation logged with its time.
+and every program's XLA compilation logged with its time (at INFO from half a second, at DEBUG
+below: Orbax's first save compiles a slice per replicated array, tens of 0.1 s programs).
 
 `CompileClock()` takes a reading; `.since()` gives the seconds spent tracing, lowering and
 compiling (or fetching from the persistent compilation cache) since then, the programs compiled
@@ -24,6 +25,7 @@ _PROGRAM = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _totals = {"seconds": 0.0, "programs": 0, "cached": 0}
 _cached_before = [0]  # cache hits counted at the previous program
+_INFO_FROM_S = 0.5  # compiles shorter than this are logged at DEBUG
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,8 @@ def _on_duration(event: str, duration: float, fun_name: str = "a program", **_) 
         if cached:
             log.debug("loaded %s from the compile cache in %.1f s", fun_name, duration)
         else:
-            log.info("compiled %s in %.1f s", fun_name, duration)
+            level = logging.INFO if duration >= _INFO_FROM_S else logging.DEBUG
+            log.log(level, "compiled %s in %.1f s", fun_name, duration)
 
 
 def _on_event(event: str, **_) -> None:

@@ -41,3 +41,14 @@ def test_step_calls_that_compile_and_evaluations_are_left_out_of_the_rates():
     ((_, kind, values),) = records.written
     assert kind == "train" and 1000 / 0.4 < values["tokens_per_sec"] <= 1000 / 0.2
     assert values["step_time_s"] == pytest.approx(1000 / values["tokens_per_sec"])
+
+
+def test_compiles_are_logged_at_info_from_half_a_second_and_at_debug_below(caplog):
+    """So that Orbax's first save (a 0.1 s slice program per replicated array) floods no terminal."""
+    from elmo_jax import compile_time
+
+    caplog.set_level("DEBUG", logger=compile_time.log.name)
+    compile_time._on_duration(compile_time._PROGRAM, 12.5, fun_name="jit(train_step)")
+    compile_time._on_duration(compile_time._PROGRAM, 0.1, fun_name="jit(slice)")
+    levels = {r.getMessage(): r.levelname for r in caplog.records}
+    assert levels == {"compiled jit(train_step) in 12.5 s": "INFO", "compiled jit(slice) in 0.1 s": "DEBUG"}
