@@ -44,7 +44,8 @@ def train_args(text_data: Path, workdir: Path, max_steps: int) -> list[str]:
 
 
 def env(devices: int) -> dict:
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    xla_flags = f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}"  # the last one counts
+    return {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
 
 
 def free_port() -> int:
