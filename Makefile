@@ -1,6 +1,6 @@
 # Everything a fresh machine needs: `make demo` trains the demo model, `make test` runs the tests.
 # Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON)); the demo
-# installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, ruff, TFDS).
+# installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, xdist, ruff, TFDS).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,7 +25,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/elmo-jax train --config=demo --workdir=workdirs/demo
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # 2 workers: compiles leave a core idle
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
