@@ -24,8 +24,9 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/elmo-jax train --config=demo --workdir=workdirs/demo
 
+# 2 workers: a compile keeps one core busy and leaves the other idle.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal  # 2 workers: compiles leave a core idle
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
