@@ -1,6 +1,7 @@
 # Everything a fresh machine needs: `make demo` trains the demo model, `make test` runs the tests.
 # Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON)); the demo
-# installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, xdist, ruff, TFDS).
+# installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, pytest-xdist,
+# ruff, TFDS).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
