@@ -32,6 +32,7 @@ def numpy_lstm(W, b, W_p, x_BTI, mask_BT, h, c, cell_clip, proj_clip):
 def numpy_stacks(params, x_DBTP, mask_BT, h0, c0, config, keep):
     """Layer after layer, each direction on its own, float64: dropout on each layer's input,
     the residual around layers >= 1."""
+    params, x_DBTP, h0, c0 = jax.tree.map(lambda a: np.asarray(a, np.float64), (params, x_DBTP, h0, c0))
     cfg = config.lstm
     outputs, hs, cs = [], [], []
     layer_in = x_DBTP
