@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from float32_tolerance import ulps
 
 from elmo_jax import Elmo, batch_to_ids
 from elmo_jax.elmo import with_sentence_boundaries
@@ -209,7 +210,7 @@ def test_embedder_cuts_long_inputs_and_keeps_their_order(model, sentences):
     many = Embedder(model, batch_size=4, max_tokens=64)(batch)
     assert len(many) == 30
     for want, got in zip(one_by_one, many):
-        np.testing.assert_allclose(got, want, atol=1e-6)
+        np.testing.assert_allclose(got, want, atol=ulps(want))  # other batch shapes round differently
     stateful = Embedder(model, batch_size=3, stateful=True)(batch[:6])
     again = Embedder(model, batch_size=3, stateful=True)
     in_two = again(batch[:3]) + again(batch[3:6])
