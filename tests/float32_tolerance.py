@@ -27,9 +27,9 @@ def ulps(want, n: int = MARGIN) -> float:
     return n * EPS * float(np.abs(np.asarray(want, np.float64)).max())
 
 
-def rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: int = 0):
-    """How far float32 rounding can move f(*args): the largest |change| of each output array of
-    f (a pytree like f's result) over `trials` runs with every float32 element of `args`
+def value_and_rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: int = 0):
+    """f(*args) and how far float32 rounding can move it: the largest |change| of each output
+    array of f (a pytree like f's result) over `trials` runs with every float32 element of `args`
     multiplied by 1 + EPS * u (u uniform in [-1, 1]) and rounded back to float32, a change the
     size of one rounding. It measures how much the computation amplifies rounding for the case
     at hand (a chaotic recurrence with clipping: many times its inputs' spacing). f runs on
@@ -45,16 +45,16 @@ def rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: int = 0):
     def changes(a, b):
         return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
 
-    base = f(*args)
-    spread = jax.tree.map(lambda _: 0.0, base)
+    value = f(*args)
+    spread = jax.tree.map(lambda _: 0.0, value)
     for _ in range(trials):
         moved = f(*jax.tree.map(nudge, args))
-        spread = jax.tree.map(lambda s, m, b: max(s, changes(m, b)), spread, moved, base)
-    return spread
+        spread = jax.tree.map(lambda s, m, v: max(s, changes(m, v)), spread, moved, value)
+    return value, spread
 
 
 def assert_within_rounding(got, want, spread: float, name: str = "") -> None:
-    """got equals want up to MARGIN times the rounding spread (rounding_spread), or times one
+    """got equals want up to MARGIN times the rounding spread (value_and_rounding_spread), or times one
     float32 spacing of the largest |want| where that is more (the rounding of the result)."""
     atol = MARGIN * max(spread, ulps(want, 1))
     np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=f"{name}: rounding spread {spread:.3g}")

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from float32_tolerance import assert_within_rounding, rounding_spread
+from float32_tolerance import assert_within_rounding, value_and_rounding_spread
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_jax.model.lstm import LSTMState, _Clips, _Stack, _wave_forward, _wavefront, dropout_keep_masks, lstm_stacks
@@ -104,8 +104,7 @@ def test_stacks_match_numpy_layer_after_layer(n_layers, skip, schedule):
         def reference(params, x, h, c, keep_masks=keep_masks):
             return numpy_stacks(params, x, mask, h, c, config, keep_masks)
 
-        want = reference(params, x, state.h, state.c)
-        spread = rounding_spread(reference, (params, x, state.h, state.c))
+        want, spread = value_and_rounding_spread(reference, (params, x, state.h, state.c))
         assert np.isclose(np.abs(want[2]).max(), config.lstm.cell_clip)
         for unroll in (1, 4):
             run = jax.jit(lstm_stacks, static_argnames=("config", "dropout"))
@@ -143,10 +142,9 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
         return _wave_forward(*args, st, residuals=False)[0]
 
     args, reference = (*stacked, x, h0, c0), loss(autodiff)
-    want = reference(weights, *args)
     # Both run the same forward pass: they differ by the rounding of the backward pass, which
     # moving the output gradients (the weights) by a float32 spacing measures.
-    spread = rounding_spread(lambda weights: reference(weights, *args), (weights,))
+    want, spread = value_and_rounding_spread(lambda weights: reference(weights, *args), (weights,))
     got = loss(lambda *args: _wavefront(*args, st))(weights, *args)
     for name, g, w, s in zip(["W_0", "B", "W_P_0", "x", "h0", "c0"], got, want, spread):
         assert np.abs(w).max() > 0.1, name
@@ -172,7 +170,7 @@ def test_both_schedules_give_the_same_gradients():
     # The schedules' forward passes round differently: moving the params, inputs and state by a
     # float32 spacing measures how far that carries into the gradients.
     args, layers = (params, x, state), grads("layers")
-    spread = rounding_spread(layers, args)
-    for got, want, s in zip(grads("wavefront")(*args), layers(*args), spread):
-        assert np.abs(want).max() > 0.1
-        assert_within_rounding(got, want, s)
+    want, spread = value_and_rounding_spread(layers, args)
+    for got, w, s in zip(grads("wavefront")(*args), want, spread):
+        assert np.abs(w).max() > 0.1
+        assert_within_rounding(got, w, s)
