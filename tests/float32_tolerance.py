@@ -54,7 +54,7 @@ def value_and_rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: i
 
 
 def assert_within_rounding(got, want, spread: float, name: str = "") -> None:
-    """got equals want up to MARGIN times the rounding spread (value_and_rounding_spread), or times one
-    float32 spacing of the largest |want| where that is more (the rounding of the result)."""
+    """got equals want up to MARGIN times the rounding spread (value_and_rounding_spread), or
+    times one float32 spacing of the largest |want| where that is more (the result's rounding)."""
     atol = MARGIN * max(spread, ulps(want, 1))
     np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=f"{name}: rounding spread {spread:.3g}")
