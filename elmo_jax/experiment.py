@@ -3,7 +3,8 @@ as the package elmo_jax.experiments and named by `experiment_file`).
 
 model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
 train  the recipe (docs/MODEL.md section 5) and the loop's cadence
-data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`) and the vocabulary file
+data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`), the vocabulary file and the backward
+       LM's order of sentences
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ml_collections
 
 from elmo_jax.config import COMPUTE_DTYPES, LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams
 from elmo_jax.errors import UserError
+from elmo_jax.text.batcher import BACKWARD_ORDERS
 
 # The defaults have one home: the recipe's in TrainHParams, how the model computes in ModelConfig.
 _RECIPE = TrainHParams()
@@ -61,6 +63,9 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.data.heldout = "demo"  # "" = no held-out evaluation
     config.data.vocab = ""  # "" = build from the training data (min_count) into the workdir
     config.data.min_count = 1
+    # Sentences the backward LM reads in training: "independent" (its own shuffle, as bilm-tf)
+    # or "shared" (the forward LM's, at the same positions); see elmo_jax/text/batcher.py
+    config.data.backward_order = "independent"
     config.lock()
     return config
 
@@ -142,6 +147,7 @@ SETTINGS = {
     "data.heldout": _TEXT,
     "data.vocab": _TEXT,
     "data.min_count": _count(1),
+    "data.backward_order": (lambda v: v in BACKWARD_ORDERS, f"one of {BACKWARD_ORDERS}"),
 }
 
 

@@ -46,7 +46,10 @@ RESUME_FIELDS = (
     "train.unroll_steps",
     "train.seed",
     "data.train",
+    "data.backward_order",
 )
+# What a saved config that predates a resume field held.
+PREDATED = {"data.backward_order": "shared"}
 
 
 class RunParams(NamedTuple):
@@ -150,9 +153,9 @@ class Workdir:
         diffs = model_config.differences(saved_model)
         current = config.to_dict()
         diffs += [
-            f"{k}: {_get(current, k)!r} != {_get(saved, k)!r}"
+            f"{k}: {_get(current, k)!r} != {_get(saved, k, PREDATED.get(k))!r}"
             for k in RESUME_FIELDS
-            if _get(current, k) != _get(saved, k)
+            if _get(current, k) != _get(saved, k, PREDATED.get(k))
         ]
         if diffs:
             raise UserError(
@@ -196,7 +199,9 @@ class Workdir:
         return RunParams(config, run_model, vocab, params, step)
 
 
-def _get(config_dict: dict, dotted: str):
+def _get(config_dict: dict, dotted: str, missing=None):
     for key in dotted.split("."):
-        config_dict = config_dict.get(key, {}) if isinstance(config_dict, dict) else None
+        if not isinstance(config_dict, dict) or key not in config_dict:
+            return missing
+        config_dict = config_dict[key]
     return config_dict

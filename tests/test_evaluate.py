@@ -26,7 +26,7 @@ def test_evaluation_equals_the_formula():
     got = evaluate(params, corpus, vocab, config, batch_size=8, unroll_steps=6)  # 8 devices, 1 row each
 
     sums, count, state = np.zeros(2), 0, LSTMState.zeros(config, 8)
-    for batch in StreamBatcher(corpus, vocab, 8, 6, shuffle=False, single_pass=True):
+    for batch in StreamBatcher(corpus, vocab, 8, 6, shuffle=False, single_pass=True, backward_order="shared"):
         top, state = bilm_top(params, batch.chars, batch.ids, batch.mask, state, config)
         top = np.asarray(top, np.float64)
         for d in range(2):

@@ -67,7 +67,7 @@ def test_resume_across_a_shard_boundary_gives_identical_batches(lm1b):
     _, state = batches(corpus, vocab, 25)
     resumed, _ = batches(open_corpus(f"lm1b:{root}", "train"), vocab, 35, state)  # the folder, a fresh reader
     # Rows have crossed into other shards (and the next epoch) after the restore point.
-    assert {e for e, _, _ in state["rows"]} == {0}
+    assert {p[0] for p in state["rows"]} == {0}  # the forward streams
     for a, b in zip(straight[25:], resumed, strict=True):
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
@@ -77,13 +77,15 @@ def test_groups_read_disjoint_pieces_that_cover_the_corpus(lm1b):
     corpus = open_corpus(f"lm1b:{lm1b[0]}", "train")
     everything = sorted(s[0] for s in corpus.stream())
     for groups in (2, 7):  # 7 groups > 5 shards: shards are cut into pieces
-        seen = []
-        for g in range(groups):
-            view = corpus.view(0, g, groups, 3, True)
-            seen += [view[i][0] for i in range(len(view))]
-        assert sorted(seen) == everything
-    first, second = (corpus.view(e, 0, 2, 3, True) for e in (0, 1))
+        for stream in (0, 1):  # the forward LM's, the backward LM's own
+            seen = []
+            for g in range(groups):
+                view = corpus.view(0, g, groups, 3, True, stream)
+                seen += [view[i][0] for i in range(len(view))]
+            assert sorted(seen) == everything
+    first, second, backward = (corpus.view(e, 0, 2, 3, True, n) for e, n in ((0, 0), (1, 0), (0, 1)))
     assert [first[i] for i in range(5)] != [second[i] for i in range(5)]  # reshuffled per epoch
+    assert [first[i] for i in range(5)] != [backward[i] for i in range(5)]  # and per stream
 
 
 def test_a_folder_without_the_files_lists_what_it_looked_for(tmp_path):

@@ -78,6 +78,27 @@ def test_resume_continues_the_same_computation(tmp_path, text_data):
     assert json.loads((straight / "config.json").read_text())["train"]["max_steps"] == 12
 
 
+def test_a_shared_order_run_resumes_in_its_order_as_do_workdirs_older_than_the_setting(tmp_path, text_data):
+    def shared(max_steps):
+        config = tiny_config(text_data, max_steps=max_steps)
+        with config.unlocked():
+            config.data.backward_order = "shared"
+        return config
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    final = train(shared(6), straight)
+    train(shared(3), resumed)
+    # As an elmo_jax that had only the shared order wrote it.
+    saved = json.loads((resumed / "config.json").read_text())
+    del saved["data"]["backward_order"]
+    (resumed / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"data\.backward_order: 'independent' != 'shared'"):
+        train(tiny_config(text_data, max_steps=6), resumed)
+    assert train(shared(6), resumed) == final
+    want, got = losses(straight), losses(resumed)
+    assert [got[s] for s in range(4, 7)] == [want[s] for s in range(4, 7)]
+
+
 def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, text_data, caplog):
     """Trained with the full softmax (config.train.sample_softmax false), exported, reimported."""
     from elmo_jax import Elmo, batch_to_ids

@@ -4,11 +4,18 @@ The rows form G groups of B / G consecutive rows (one group per device in traini
 e, group g reads its own sentence stream S_eg (see `Corpus.view`: the groups' streams are
 disjoint, and shuffled from (seed, e) unless `shuffle` is off); row i of the group reads
 S_eg[i], S_eg[i + B/G], S_eg[i + 2B/G], ..., then goes on to epoch e + 1: an endless stream
-`<S> w1 ... wn </S> <S> ...`. As in bilm-tf, a sentence of n words
-gives n + 1 positions: forward inputs `<S> w1 ... wn`, targets `w1 ... wn </S>`; the backward LM
-reads the same sentence reversed, inputs `</S> wn ... w1`, targets `wn ... w1 <S>`. Both streams
-hold the same sentences at the same positions, so the carried LSTM state of each row continues
-across batches. The position of every row is a small JSON-serialisable state.
+`<S> w1 ... wn </S> <S> ...`. As in bilm-tf, a sentence of n words gives n + 1 positions:
+forward inputs `<S> w1 ... wn`, targets `w1 ... wn </S>`; the backward LM reads a sentence
+reversed, inputs `</S> wn ... w1`, targets `wn ... w1 <S>`.
+
+Which sentences the backward LM reads (`backward_order`):
+  independent  its own stream of the same sentences, shuffled independently of the forward one
+               (bilm-tf's two `LMDataset`s) and packed into the rows in the same way, so in a
+               batch the two LMs read different sentences; each row has a position per stream
+  shared       the forward stream's sentences at the same positions (one position per row,
+               fewer distinct words per batch); without shuffling the two orders are the same
+Either way each LM's carried state of a row continues its own stream across batches. The
+positions of every row are a small JSON-serialisable state.
 """
 
 from __future__ import annotations
@@ -62,8 +69,76 @@ def char_columns(words_NC: np.ndarray, char_window: int | None) -> int:
 
 
 def epochs_done(state: dict, n_sentences: int) -> float:
-    """Fractional passes over the corpus recorded in a batcher state, averaged over its rows."""
-    return float(np.mean([e + k * state["batch_size"] / n_sentences for e, k, _ in state["rows"]]))
+    """Fractional passes over the corpus recorded in a batcher state, averaged over its rows'
+    forward streams."""
+    return float(np.mean([e + k * state["batch_size"] / n_sentences for e, k, *_ in state["rows"]]))
+
+
+BACKWARD_ORDERS = ("independent", "shared")
+
+
+class _Stream:
+    """Where each local row stands in one stream of sentences: stream 0 (the forward LM's, and
+    the backward LM's in the shared order) or 1 (the backward LM's own, see `Corpus.view`)."""
+
+    def __init__(self, batcher: StreamBatcher, number: int):
+        self.batcher, self.number = batcher, number
+        self.views: dict[tuple[int, int], object] = {}
+        # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
+        self.pos = [[0, 0, 0] for _ in batcher.rows]
+        # Per local row: the sentence being read, [tokens with <S> and </S>, char-table rows or None].
+        self.current: list[list | None] = [None] * len(batcher.rows)
+
+    def view(self, epoch: int, group: int):
+        if (epoch, group) not in self.views:
+            self.views = {key: v for key, v in self.views.items() if key[0] >= epoch - 1}
+            b = self.batcher
+            self.views[epoch, group] = b.corpus.view(epoch, group, b.groups, b.seed, b.shuffle, self.number)
+        return self.views[epoch, group]
+
+    def restore(self, positions: list[list[int]]) -> None:
+        self.pos = [list(p) for p in positions]
+        self.current = [None] * len(self.pos)
+
+    def _advance(self, j: int) -> bool:
+        """Loads local row j's next non-empty sentence; False when a single pass is over."""
+        b = self.batcher
+        group, i = divmod(b.rows[j], b.group_rows)
+        while True:
+            epoch, k, _ = self.pos[j]
+            view = self.view(epoch, group)
+            index = i + k * b.group_rows
+            if index >= len(view):
+                if b.single_pass:
+                    return False
+                self.pos[j] = [epoch + 1, 0, 0]
+                continue
+            words = view[index]
+            if words:
+                self.current[j] = [[BOS_TOKEN, *words, EOS_TOKEN], None]
+                return True
+            self.pos[j] = [epoch, k + 1, 0]
+
+    def window(self, T: int) -> list[tuple[int, int, int, int, list]]:
+        """The next T positions of every row as segments (row, time, offset in the sentence,
+        positions taken, sentence), moving the rows on."""
+        segments = []
+        for j in range(len(self.pos)):
+            t = 0
+            while t < T:
+                if self.current[j] is None and not self._advance(j):
+                    break
+                sentence = self.current[j]
+                epoch, k, offset = self.pos[j]
+                take = min(len(sentence[0]) - 1 - offset, T - t)
+                segments.append((j, t, offset, take, sentence))
+                t += take
+                if offset + take == len(sentence[0]) - 1:
+                    self.pos[j] = [epoch, k + 1, 0]
+                    self.current[j] = None
+                else:
+                    self.pos[j] = [epoch, k, offset + take]
+        return segments
 
 
 class StreamBatcher:
@@ -75,8 +150,9 @@ class StreamBatcher:
     devices that split it). `rows` selects the
     global rows this process produces (all `batch_size` by default); `groups` divides them.
     `char_window` (the model's widest CNN filter) lets the batch drop the character columns no
-    filter needs (see `char_columns`). With `single_pass` every row
-    stops after one epoch and pads with mask 0; iteration ends when every row is done.
+    filter needs (see `char_columns`). `backward_order` is one of BACKWARD_ORDERS (module doc).
+    With `single_pass` (shared order only) every row stops after one epoch and pads with mask 0;
+    iteration ends when every row is done.
     """
 
     def __init__(
@@ -94,6 +170,7 @@ class StreamBatcher:
         fixed_table: bool = False,
         groups: int = 1,
         char_window: int | None = None,
+        backward_order: str = "independent",
     ):
         if len(corpus) == 0:
             raise UserError(f"{corpus.name}: the corpus holds no sentences")
@@ -101,70 +178,46 @@ class StreamBatcher:
             raise UserError(f"{corpus.name}: {len(corpus)} sentences cannot fill {batch_size} rows")
         if batch_size % groups:
             raise UserError(f"batch_size={batch_size} rows cannot form {groups} equal groups")
+        if backward_order not in BACKWARD_ORDERS:
+            raise ValueError(f"backward_order={backward_order!r}: must be one of {BACKWARD_ORDERS}")
+        if single_pass and backward_order != "shared":
+            raise ValueError("a single pass (evaluation) reads both LMs in the shared order")
         self.groups, self.group_rows = groups, batch_size // groups
         self.char_window = char_window
         self.corpus, self.vocab = corpus, vocab
         self.batch_size, self.unroll_steps = batch_size, unroll_steps
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
+        self.backward_order = backward_order
         self.rows = list(range(batch_size) if rows is None else rows)
         self.chars = chars or CharTable()
         self.table_multiple, self.fixed_table = table_multiple, fixed_table
-        self._views: dict[tuple[int, int], object] = {}
         self._word_ids = np.zeros(0, np.int32)  # char-table row -> vocabulary id
-        # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
-        self._pos = [[0, 0, 0] for _ in self.rows]
-        # Per local row: the sentence being read, [tokens with <S> and </S>, char-table rows or None].
-        self._current: list[list | None] = [None] * len(self.rows)
+        self._streams = [_Stream(self, n) for n in range(2 if backward_order == "independent" else 1)]
 
     # -- state ---------------------------------------------------------------------------
+    @property
+    def positions_shape(self) -> tuple[int, int]:
+        """Shape of the global rows' positions in a state: (B, 3 per stream)."""
+        return self.batch_size, 3 * len(self._streams)
+
     def state(self) -> dict:
-        return {"seed": self.seed, "batch_size": self.batch_size, "rows": [list(p) for p in self._pos]}
+        """{seed, batch_size, backward_order, rows}: per local row, [epoch, sentences read in
+        it, offset in the current one] of the forward stream, then of the backward stream."""
+        rows = [sum((s.pos[j] for s in self._streams), []) for j in range(len(self.rows))]
+        return {"seed": self.seed, "batch_size": self.batch_size, "backward_order": self.backward_order, "rows": rows}
 
     def restore(self, state: dict) -> None:
-        if state["batch_size"] != self.batch_size or state["seed"] != self.seed:
+        saved = (state["batch_size"], state["seed"], state.get("backward_order", "shared"))  # older states: shared
+        if saved != (self.batch_size, self.seed, self.backward_order):
             raise ValueError(
-                f"batcher state is for batch_size={state['batch_size']}, seed={state['seed']}; "
-                f"this batcher has batch_size={self.batch_size}, seed={self.seed}"
+                "batcher state is for batch_size={}, seed={}, backward_order={}; this batcher has ".format(*saved)
+                + f"batch_size={self.batch_size}, seed={self.seed}, backward_order={self.backward_order}"
             )
         if len(state["rows"]) != len(self.rows):
             raise ValueError(f"batcher state has {len(state['rows'])} rows, expected {len(self.rows)}")
-        self._pos = [list(map(int, p)) for p in state["rows"]]
-        self._current = [None] * len(self.rows)
-
-    # -- sentences -----------------------------------------------------------------------
-    def _view(self, epoch: int, group: int):
-        if (epoch, group) not in self._views:
-            self._views = {key: v for key, v in self._views.items() if key[0] >= epoch - 1}
-            self._views[epoch, group] = self.corpus.view(epoch, group, self.groups, self.seed, self.shuffle)
-        return self._views[epoch, group]
-
-    def _encode(self, sentences: list[list]) -> None:
-        """Fills in the char-table rows of sentences [tokens, None], all in one lookup."""
-        counts = [len(s[0]) for s in sentences]
-        known = len(self.chars.tokens)
-        rows = self.chars.ids([t for s in sentences for t in s[0]])
-        if len(self.chars.tokens) > known:
-            self._word_ids = np.concatenate([self._word_ids, self.vocab.ids(self.chars.tokens[known:])])
-        for s, part in zip(sentences, np.split(rows, np.cumsum(counts)[:-1])):
-            s[1] = part
-
-    def _advance(self, j: int) -> bool:
-        """Loads local row j's next non-empty sentence; False when a single pass is over."""
-        group, i = divmod(self.rows[j], self.group_rows)
-        while True:
-            epoch, k, _ = self._pos[j]
-            view = self._view(epoch, group)
-            index = i + k * self.group_rows
-            if index >= len(view):
-                if self.single_pass:
-                    return False
-                self._pos[j] = [epoch + 1, 0, 0]
-                continue
-            words = view[index]
-            if words:
-                self._current[j] = [[BOS_TOKEN, *words, EOS_TOKEN], None]
-                return True
-            self._pos[j] = [epoch, k + 1, 0]
+        rows = [list(map(int, p)) for p in state["rows"]]
+        for n, stream in enumerate(self._streams):
+            stream.restore([p[3 * n : 3 * n + 3] for p in rows])
 
     # -- batches -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -172,45 +225,17 @@ class StreamBatcher:
 
     def __next__(self) -> Batch:
         T, B = self.unroll_steps, len(self.rows)
-        # Which part of which sentence goes where: (row, time, offset in the sentence, length).
-        segments, sentences = [], []
-        for j in range(B):
-            t = 0
-            while t < T:
-                if self._current[j] is None and not self._advance(j):
-                    break
-                sentence = self._current[j]
-                epoch, k, offset = self._pos[j]
-                take = min(len(sentence[0]) - 1 - offset, T - t)
-                segments.append((j, t, offset, take, len(sentences)))
-                sentences.append(sentence)
-                t += take
-                if offset + take == len(sentence[0]) - 1:
-                    self._pos[j] = [epoch, k + 1, 0]
-                    self._current[j] = None
-                else:
-                    self._pos[j] = [epoch, k, offset + take]
-        if not segments:
+        windows = [stream.window(T) for stream in self._streams]
+        if not windows[0]:
             raise StopIteration
-        self._encode([s for s in sentences if s[1] is None])
-        flat_rows = np.concatenate([s[1] for s in sentences])
-        flat_ids = self._word_ids[flat_rows]
-        lengths = np.array([len(s[1]) for s in sentences])
-        base = np.cumsum(lengths) - lengths
-        seg_j, seg_t, seg_offset, seg_take, seg_sentence = np.array(segments).T
-        # One entry per position: its row, time, and index in its sentence.
-        each = np.repeat(np.arange(len(segments)), seg_take)
-        within = np.arange(len(each)) - np.repeat(np.cumsum(seg_take) - seg_take, seg_take)
-        j, t = seg_j[each], seg_t[each] + within
-        start, n = base[seg_sentence[each]], lengths[seg_sentence[each]]
-        p = seg_offset[each] + within
-        # Backward position p reads the sentence reversed: token n - 1 - p, target n - 2 - p.
+        self._encode([seg[4] for segments in windows for seg in segments if seg[4][1] is None])
         rows = np.zeros((2, B, T), dtype=np.int64)
         targets = np.zeros((2, B, T), dtype=np.int32)
         mask = np.zeros((B, T), dtype=bool)
-        rows[0, j, t], targets[0, j, t] = flat_rows[start + p], flat_ids[start + p + 1]
-        rows[1, j, t], targets[1, j, t] = flat_rows[start + n - 1 - p], flat_ids[start + n - 2 - p]
-        mask[j, t] = True
+        for direction in (0, 1):
+            j, t, token, target = self._places(windows[direction % len(windows)], backward=direction == 1)
+            rows[direction, j, t], targets[direction, j, t] = token, self._word_ids[target]
+            mask[j, t] = True
         distinct, inverse = np.unique(rows, return_inverse=True)
         words = self.chars.lookup(distinct)
         # Order the distinct words by their characters, not by cache row numbers, so a batch is
@@ -225,6 +250,34 @@ class StreamBatcher:
         chars[: len(distinct)] = words[order, : chars.shape[1]]
         ids = rank[inverse].reshape(rows.shape).astype(np.int32)
         return Batch(chars, ids, targets, mask)
+
+    def _encode(self, sentences: list[list]) -> None:
+        """Fills in the char-table rows of sentences [tokens, None], all in one lookup."""
+        counts = [len(s[0]) for s in sentences]
+        known = len(self.chars.tokens)
+        rows = self.chars.ids([t for s in sentences for t in s[0]])
+        if len(self.chars.tokens) > known:
+            self._word_ids = np.concatenate([self._word_ids, self.vocab.ids(self.chars.tokens[known:])])
+        for s, part in zip(sentences, np.split(rows, np.cumsum(counts)[:-1])):
+            s[1] = part
+
+    @staticmethod
+    def _places(segments: list, backward: bool) -> tuple[np.ndarray, ...]:
+        """(row, time, char-table row of the input, char-table row of the target) of every
+        position of a window's segments, read forward or reversed within each sentence."""
+        tables = [s[4][1] for s in segments]
+        flat = np.concatenate(tables)
+        lengths = np.array([len(x) for x in tables])
+        start = np.cumsum(lengths) - lengths
+        seg_j, seg_t, seg_offset, seg_take = np.array([s[:4] for s in segments]).T
+        # One entry per position: its segment, and its index within the segment.
+        each = np.repeat(np.arange(len(segments)), seg_take)
+        within = np.arange(len(each)) - np.repeat(np.cumsum(seg_take) - seg_take, seg_take)
+        p, start, n = seg_offset[each] + within, start[each], lengths[each]
+        # Backward position p reads the sentence reversed: token n - 1 - p, target n - 2 - p.
+        token = start + n - 1 - p if backward else start + p
+        target = token - 1 if backward else token + 1
+        return seg_j[each], seg_t[each] + within, flat[token], flat[target]
 
     def empty_batch(self) -> Batch:
         """A batch without tokens (mask all False), shaped like this batcher's."""
@@ -243,7 +296,7 @@ class StreamBatcher:
         decides (every process can compute it, whichever rows it reads)."""
         most = 0
         for group in range(self.groups):
-            view, per_row = self._view(0, group), np.zeros(self.group_rows, np.int64)
+            view, per_row = self._streams[0].view(0, group), np.zeros(self.group_rows, np.int64)
             for k in range(len(view)):
                 n = len(view[k])
                 per_row[k % self.group_rows] += n + 1 if n else 0

@@ -28,14 +28,23 @@ class Corpus(Protocol):
         """Every sentence once, in storage order."""
         ...
 
-    def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool) -> Sequence[list[str]]:
-        """The sentences group `group` of `groups` reads in `epoch`; the groups' views are
-        disjoint and together hold every sentence."""
+    def view(
+        self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0
+    ) -> Sequence[list[str]]:
+        """The sentences group `group` of `groups` reads in `epoch` of stream `stream` (0 the
+        forward LM's, 1 the backward LM's own: shuffled independently, see `shuffle_rng`); the
+        groups' views are disjoint and together hold every sentence."""
         ...
 
     def positions(self) -> int:
         """Predicted positions of one pass: the sum of (n + 1) over the non-empty sentences."""
         ...
+
+
+def shuffle_rng(stream: int, *key: int) -> np.random.Generator:
+    """The generator of a shuffle from `key` (seed, epoch, ...) in sentence stream `stream`:
+    stream 0's is default_rng(key), other streams' are independent of it (numpy's spawn keys)."""
+    return np.random.default_rng(np.random.SeedSequence(list(key), spawn_key=(stream,) if stream else ()))
 
 
 class InMemory:
@@ -46,9 +55,11 @@ class InMemory:
     def stream(self) -> Iterator[list[str]]:
         return (self[i] for i in range(len(self)))
 
-    def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool) -> Sequence[list[str]]:
+    def view(
+        self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0
+    ) -> Sequence[list[str]]:
         n = len(self)
-        order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+        order = shuffle_rng(stream, seed, epoch).permutation(n) if shuffle else np.arange(n)
         return _Indexed(self, order[group::groups])
 
     def positions(self) -> int:

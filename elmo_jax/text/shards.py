@@ -4,9 +4,10 @@ records of a TFDS data source), read one piece at a time so memory does not grow
 An epoch's sentence order (see StreamBatcher): every shard is cut into m pieces (m = the
 smallest number giving at least one piece per group of rows; a piece is every m-th non-empty
 line of its shard), the pieces are shuffled from (seed, epoch) and dealt to the groups in
-turn, and each piece's lines are shuffled from (seed, epoch, piece). A group's rows read the
-concatenation of its pieces, so groups read disjoint pieces and a group holds only the one or
-two pieces its rows are in.
+turn, and each piece's lines are shuffled from (seed, epoch, piece); the backward LM's own
+stream shuffles both independently (see `Corpus.view`). A group's rows read the concatenation
+of its pieces, so groups read disjoint pieces and a group holds only the one or two pieces its
+rows are in.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.text.corpus import shuffle_rng
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +178,13 @@ class ShardedCorpus:
         for _, shard_lines in self._stream_lines():
             yield from (_sentence(line) for line in shard_lines)
 
-    def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool) -> GroupView:
-        """The sentences group `group` of `groups` reads in `epoch` (see the module doc)."""
+    def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0) -> GroupView:
+        """The sentences group `group` of `groups` reads in `epoch` of stream `stream` (see the
+        module doc and `Corpus.view`)."""
         self._count()
         m = -(-groups // len(self.shards))
         pieces = [(s, j) for s in range(len(self.shards)) for j in range(m)]
-        order = np.random.default_rng([seed, epoch]).permutation(len(pieces)) if shuffle else np.arange(len(pieces))
+        order = shuffle_rng(stream, seed, epoch).permutation(len(pieces)) if shuffle else np.arange(len(pieces))
         mine = [pieces[p] for p in order[group::groups]]
         sizes = [len(range(j, self._sizes[s], m)) for s, j in mine]
 
@@ -189,7 +192,7 @@ class ShardedCorpus:
             s, j = mine[k]
             lines = self.shards[s].lines()[j::m]
             if shuffle:
-                perm = np.random.default_rng([seed, epoch, s, j]).permutation(len(lines))
+                perm = shuffle_rng(stream, seed, epoch, s, j).permutation(len(lines))
                 lines = [lines[i] for i in perm]
             return lines
 

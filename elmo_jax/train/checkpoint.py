@@ -1,8 +1,8 @@
 """Orbax checkpoints of everything that decides where training is: the TrainState (params,
 optimizer state, carried LSTM state, step, rng) and the batcher's position.
 
-The batcher position of every global row is saved as a (B, 3) array sharded like the batch, so
-each process writes and reads its own rows; the rest of the batcher state is JSON. Saves are
+The batcher positions of every global row are saved as a (B, 3 per stream) array sharded like
+the batch, so each process writes and reads its own rows; the rest of the batcher state is JSON. Saves are
 atomic (Orbax writes to a temporary folder and renames) and asynchronous; a run killed mid-save
 leaves the previous checkpoint as the latest.
 
@@ -173,7 +173,7 @@ class Checkpoints:
         batcher state of this process's rows."""
         self.wait()
         local = np.asarray(data_state["rows"], np.int32)
-        rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], 3))
+        rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], local.shape[1]))
         meta = {k: v for k, v in data_state.items() if k != "rows"}
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
@@ -235,10 +235,11 @@ class Checkpoints:
             raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
 
     def restore(
-        self, step: int, abstract_state: TrainState, parallel: DataParallel, batch_size: int
+        self, step: int, abstract_state: TrainState, parallel: DataParallel, positions_shape: tuple[int, int]
     ) -> tuple[TrainState, dict]:
-        """The TrainState of `step` and the batcher state of this process's rows."""
-        rows = jax.ShapeDtypeStruct((batch_size, 3), np.int32, sharding=parallel.rows)
+        """The TrainState of `step` and the batcher state of this process's rows (the global
+        rows' positions are `positions_shape`, see StreamBatcher)."""
+        rows = jax.ShapeDtypeStruct(positions_shape, np.int32, sharding=parallel.rows)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             rows=ocp.args.StandardRestore({"positions": rows}),

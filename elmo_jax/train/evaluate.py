@@ -70,6 +70,7 @@ def evaluate(
         table_multiple=parallel.local_size,
         fixed_table=parallel.fixed_table,
         char_window=config.char_cnn.widest_filter,
+        backward_order="shared",
     )
     step = _jitted_eval(config, len(vocab), parallel)
     params = parallel.onto_mesh(params)

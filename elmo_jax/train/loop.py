@@ -90,6 +90,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         fixed_table=parallel.fixed_table,
         groups=parallel.size,
         char_window=model_config.char_cnn.widest_filter,
+        backward_order=config.data.backward_order,
     )
     steps_per_epoch = batcher.steps_per_epoch()
     total_steps = math.ceil(t.n_epochs * steps_per_epoch)
@@ -118,7 +119,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         state, start = _fresh_state(config, model_config, hp, vocab, batch_size, table_rows, shardings), 0
     else:
         workdir.check_vocab(checkpoints.softmax_table_rows(start), config, vocab)
-        state, data_state = checkpoints.restore(start, abstract, parallel, batch_size)
+        state, data_state = checkpoints.restore(start, abstract, parallel, batcher.positions_shape)
         batcher.restore(data_state)
         log.info("resumed from the checkpoint at step %d", start)
     if preemption.requested:
