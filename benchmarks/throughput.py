@@ -49,7 +49,7 @@ from elmo_jax.config import LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, Trai
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 from elmo_jax.model.bilm import init_params  # noqa: E402
 from elmo_jax.model.lstm import schedule  # noqa: E402
-from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
+from elmo_jax.text.batcher import BACKWARD_ORDERS, StreamBatcher  # noqa: E402
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable  # noqa: E402
 from elmo_jax.text.corpus import InMemory  # noqa: E402
 from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument(
         "--lstm-schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each"
     )
+    parser.add_argument(
+        "--backward-order", default="independent", choices=BACKWARD_ORDERS, help="train: the backward LM's sentences"
+    )
     parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
     parser.add_argument(
         "--release-freed-memory",
@@ -227,12 +230,15 @@ def main() -> None:
     if args.mode == "embed":
         return embed_throughput(args, config, B, device)
     corpus, vocab = synthetic_corpus(vocab_size, max(4 * B, 2000))
-    batches = StreamBatcher(corpus, vocab, B, T, seed=0, char_window=config.char_cnn.widest_filter)
+    batches = StreamBatcher(
+        corpus, vocab, B, T, seed=0, char_window=config.char_cnn.widest_filter, backward_order=args.backward_order
+    )
 
     hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
     state = init_train_state(jax.random.key(0), config, hp, B)
     tokens_per_step = B * T
     host = [next(batches) for _ in range(args.warmup + args.steps + args.profile)]
+    distinct = statistics.mean(len(np.unique(b.ids)) for b in host)
     # One distinct-word bucket and one width for all (more padding characters change nothing):
     # one compile.
     U, W = max(b.chars.shape[0] for b in host), max(b.chars.shape[1] for b in host)
@@ -281,6 +287,9 @@ def main() -> None:
         "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,
+        "backward_order": args.backward_order,
+        "distinct_words_per_batch": distinct,
+        "word_table_rows": U,
         "tokens_per_sec": tokens_per_sec,
         "step_time_s": step_s,
         "step_time_spread_s": [min(times), max(times)],
@@ -293,7 +302,8 @@ def main() -> None:
         "profile": profile,
     }
     print(
-        f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} on {device.device_kind}: "
+        f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} {args.backward_order} order "
+        f"({distinct:.0f} distinct words a batch) on {device.device_kind}: "
         f"{tokens_per_sec:,.0f} tokens/s, "
         f"step {1000 * step_s:.1f} ms (min {1000 * min(times):.1f}, max {1000 * max(times):.1f}), "
         f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
