@@ -12,10 +12,14 @@ the built-in demo corpus written out as files (its first --sentences training se
 5,000 held-out ones). The vocabulary is built from the training file (`launch.py vocab`, the
 same order as bilm-tf's make_vocab.py). The sides (SIDES): bilm-tf trains with
 `bilm_tf_train_eval.py` (the cpu_peer sizes, the original recipe with --dropout, --epochs of its
-"epochs" of int(words / (32 x 20)) batches) and evaluates as its `run_test.py` (it stops when
-its first row runs out, so it scores slightly fewer positions); elmo_jax trains
-`experiments/cpu_peer.py` for the same number of batches in either backward order and
-evaluates every held-out position, as `launch.py eval` does. Prints markdown tables and writes
+"epochs" of int(words / (32 x 20)) batches) and evaluates as its `run_test.py`; elmo_jax trains
+`experiments/cpu_peer.py` for the same number of batches in either backward order. Both sides'
+models are compared as `launch.py eval` scores them, on every held-out position: bilm-tf's last
+checkpoint is read into our params (tests/bilm_tf_fixture.py's variable names) and evaluated
+here. bilm-tf's own test stops when its first row runs out of sentences, so it leaves out the
+rest of the other rows' last sentences (about 8% of fortunes' positions), and long sentences are
+the likeliest to be cut: its own number is also reported, and on fortunes it is about 3% lower
+than the same model scored on every position. Prints markdown tables and writes
 OUT/results.json (runs already there are not run again: one OUT per text and length, several
 dropout rates, seeds and sides in it).
 """
@@ -31,8 +35,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "experiments"))
 
+import cpu_peer  # noqa: E402
+import numpy as np  # noqa: E402
+from bilm_tf_fixture import params_from_tf  # noqa: E402
+
+from elmo_jax import experiment  # noqa: E402
 from elmo_jax.text.demo_corpus import DemoCorpus  # noqa: E402
+from elmo_jax.text.sources import open_corpus  # noqa: E402
+from elmo_jax.text.vocab import Vocabulary  # noqa: E402
+from elmo_jax.train.evaluate import evaluate  # noqa: E402
 
 ROWS, UNROLL = 32, 20  # experiments/cpu_peer.py on one device, as bilm_tf_train_eval.py
 # side -> what it runs: bilm-tf's --backward-order, or ours' config.data.backward_order
@@ -42,6 +56,15 @@ SIDES = {
     "elmo_jax": ("elmo_jax", "independent"),
     "elmo_jax_shared": ("elmo_jax", "shared"),
 }
+
+
+# In bilm-tf's venv: the lm/ variables of the checkpoint argv[1] into the npz argv[2] ("/" -> "|").
+DUMP_CHECKPOINT = """
+import sys, numpy as np, tensorflow as tf
+reader = tf.train.load_checkpoint(sys.argv[1])
+names = [n for n in reader.get_variable_to_shape_map() if n.startswith("lm/") and "Adagrad" not in n]
+np.savez(sys.argv[2], **{n.replace("/", "|"): reader.get_tensor(n) for n in names})
+"""
 
 
 def demo_text(out: Path, n_train: int) -> tuple[Path, Path]:
@@ -70,6 +93,19 @@ def last_json(command: list[str], log: Path) -> dict:
     if done.returncode != 0 or not lines:
         sys.exit(f"failed ({done.returncode}): {' '.join(command)}; see {log}")
     return json.loads(lines[-1])
+
+
+def every_position(args, folder: Path, steps: int, vocab: Path, heldout: Path) -> dict:
+    """The model of the bilm-tf run in `folder` (its checkpoint of step `steps`) scored by our
+    evaluator on every held-out position."""
+    variables = folder / "variables.npz"
+    checkpoint = folder / "checkpoints" / f"model.ckpt-{steps}"
+    subprocess.run([args.bilm_python, "-c", DUMP_CHECKPOINT, str(checkpoint), str(variables)], check=True)
+    config = experiment.model_config(cpu_peer.get_config())
+    tf_variables = {k.replace("|", "/"): v for k, v in np.load(variables).items()}
+    params = params_from_tf(tf_variables, config, 0.0)
+    corpus = open_corpus(f"text:{heldout}", "heldout")
+    return evaluate(params, corpus, Vocabulary.load(vocab), config, batch_size=64, unroll_steps=UNROLL)
 
 
 def run_side(side: str, args, train: Path, heldout: Path, vocab: Path, seed: int, steps: int) -> dict:
@@ -130,21 +166,36 @@ def main() -> None:
         for side in sides:
             if side not in row:
                 row[side] = run_side(side, args, train, heldout, vocab, seed, steps)
-                results_path.write_text(json.dumps(results, indent=1) + "\n")
+            if SIDES[side][0] == "bilm-tf" and "every_position" not in row[side]:
+                folder = args.out / side / f"dropout{args.dropout}_seed{seed}"
+                row[side]["every_position"] = every_position(args, folder, steps, vocab, heldout)
+            results_path.write_text(json.dumps(results, indent=1) + "\n")
     report(results)
 
 
+def scored(run: dict) -> dict:
+    """A run's held-out result on every position (bilm-tf's model as our evaluator scores it)."""
+    return run.get("every_position", run)
+
+
 def report(results: dict) -> None:
-    """Per run: each side's perplexity (forward / backward); per dropout rate: each side's mean
-    (range) and its ratio to bilm-tf's mean."""
+    """Per run: each side's perplexity on every held-out position (forward / backward; for
+    bilm-tf also its own test's number); per dropout rate: each side's mean (range) and its ratio
+    to bilm-tf's mean."""
     sides = [s for s in SIDES if any(s in row for row in results.values())]
     print("| run | " + " | ".join(sides) + " |")
     print("|---" * (len(sides) + 1) + "|")
     for key, row in results.items():
-        cells = [
-            f"{r['perplexity']:.2f} ({r['forward_perplexity']:.2f} / {r['backward_perplexity']:.2f})" if r else "-"
-            for r in (row.get(side) for side in sides)
-        ]
+        cells = []
+        for side in sides:
+            if side not in row:
+                cells.append("-")
+                continue
+            r = scored(row[side])
+            cell = f"{r['perplexity']:.2f} ({r['forward_perplexity']:.2f} / {r['backward_perplexity']:.2f})"
+            if "every_position" in row[side]:
+                cell += f"; own test {row[side]['perplexity']:.2f}"
+            cells.append(cell)
         print(f"| {key} | " + " | ".join(cells) + " |")
     print()
     print("| dropout | " + " | ".join(f"{side}: mean (range), / bilm_tf" for side in sides) + " |")
@@ -154,7 +205,7 @@ def report(results: dict) -> None:
         means = {}
         cells = []
         for side in sides:
-            values = [row[side]["perplexity"] for row in rows if side in row]
+            values = [scored(row[side])["perplexity"] for row in rows if side in row]
             if not values:
                 cells.append("-")
                 continue
