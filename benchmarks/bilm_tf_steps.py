@@ -1,0 +1,181 @@
+"""Every training step of bilm-tf and of elmo_jax side by side, with and without dropout: the
+loss and the global gradient norm before clipping (of unroll_steps x the loss, both sides), so
+their distributions over a whole run can be compared (how large the steps are, how often the
+clip at all_clip_norm_val fires), with the held-out perplexity each run ends at.
+
+    bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
+    python benchmarks/bilm_tf_steps.py --out=runs/steps \\
+        --train=../shared/data/fortunes/train.txt --heldout=../shared/data/fortunes/heldout.txt \\
+        [--epochs=1] [--dropouts=0,0.1] [--seed=0] [--order=shared]
+
+--order=shared runs bilm-tf with both directions shuffled alike (`--backward-order=same`) and
+ours with config.data.backward_order=shared; --order=independent runs both as published. bilm-tf
+records each step through two tf.py_func hooks added to its training graph (the training loss,
+and the norm of the gradients clip_grads receives, after bilm-tf has merged duplicate rows);
+ours logs every step (log_every=1). Both sides' models are scored on every held-out position by
+our evaluator (see bilm_tf_learning.py). Writes OUT/{side}_dropout{rate}.jsonl (one record a
+step) and OUT/summary.json; prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from bilm_tf_learning import every_position
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIP = 10.0  # the recipe's all_clip_norm_val
+
+# Runs bilm_tf_train_eval.py (argv[3:]) with the hooks; argv[1]: its folder, argv[2]: the records.
+BILM_TF_RECORDING = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import bilm_tf_train_eval as peer
+import numpy as np
+tf, bt = peer.tf, peer.bt
+records = open(sys.argv[2], "w")
+step = {}
+
+def on_loss(loss):
+    step["loss"] = float(loss)
+    return np.float32(0.0)
+
+def on_norm(norm):
+    records.write(json.dumps({**step, "grad_norm": float(norm)}) + "\\n")
+    records.flush()
+    return np.float32(0.0)
+
+build_loss = bt.LanguageModel._build_loss
+
+def build_loss_recording(self, lstm_outputs):
+    build_loss(self, lstm_outputs)
+    if self.is_training:
+        hook = tf.py_func(on_loss, [self.total_loss], tf.float32, stateful=True)
+        with tf.control_dependencies([hook]):
+            self.total_loss = tf.identity(self.total_loss)
+
+clip_grads = bt.clip_grads
+
+def clip_grads_recording(grads, options, do_summaries, global_step):
+    hook = tf.py_func(on_norm, [tf.global_norm([g for g, _ in grads])], tf.float32, stateful=True)
+    ret, summaries = clip_grads(grads, options, do_summaries, global_step)
+    dense = next(i for i, (g, _) in enumerate(ret) if not isinstance(g, tf.IndexedSlices))
+    with tf.control_dependencies([hook]):
+        ret[dense] = (tf.identity(ret[dense][0]), ret[dense][1])
+    return ret, summaries
+
+bt.LanguageModel._build_loss = build_loss_recording
+bt.clip_grads = clip_grads_recording
+sys.argv = [peer.__file__] + sys.argv[3:]
+peer.main()
+"""
+
+
+def run(command: list[str], log: Path) -> dict:
+    """Runs `command` (output into `log`); its last stdout line parsed as JSON."""
+    print("$", " ".join("<BILM_TF_RECORDING>" if c == BILM_TF_RECORDING else c for c in command), flush=True)
+    with open(log, "w") as f:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}); see {log}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bilm_tf(args, vocab: Path, dropout: float, records: Path) -> dict:
+    order = "same" if args.order == "shared" else "independent"
+    folder = args.out / f"bilm_tf_dropout{dropout}"
+    command = [args.bilm_python, "-c", BILM_TF_RECORDING, args.bilm_tools, str(records)]
+    command += [f"--train={args.train}", f"--heldout={args.heldout}", f"--vocab={vocab}", f"--epochs={args.epochs}"]
+    command += [f"--out={folder}", f"--seed={args.seed}", f"--dropout={dropout}", f"--backward-order={order}"]
+    result = run(command, args.out / f"bilm_tf_dropout{dropout}.log")
+    return {**result, **every_position(args, folder, result["steps"], vocab, args.heldout), "own_test": result}
+
+
+def elmo_jax(args, vocab: Path, dropout: float, steps: int, records: Path) -> dict:
+    workdir = args.out / f"elmo_jax_dropout{dropout}"
+    command = [sys.executable, "launch.py", "train", "--config=experiments/cpu_peer.py", f"--workdir={workdir}"]
+    command += [f"--config.data.train=text:{args.train}", f"--config.data.heldout=text:{args.heldout}"]
+    command += [f"--config.data.vocab={vocab}", f"--config.data.backward_order={args.order}"]
+    command += [f"--config.train.max_steps={steps}", f"--config.train.n_epochs={args.epochs + 1}"]
+    command += [f"--config.train.seed={args.seed}", f"--config.train.dropout={dropout}"]
+    command += ["--config.train.eval_every=0", "--config.train.devices=1", "--config.train.log_every=1"]
+    result = run(command, args.out / f"elmo_jax_dropout{dropout}.log")
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    steps_logged = [json.loads(line) for line in lines]
+    with open(records, "w") as f:
+        for r in steps_logged:
+            if r["kind"] == "train":
+                f.write(json.dumps({"loss": r["loss"], "grad_norm": r["grad_norm"]}) + "\n")
+    return result
+
+
+def summarize(records: Path, result: dict) -> dict:
+    """The run's numbers: per quarter of the run, the mean loss, the median and 90th percentile
+    of the gradient norm, and the fraction of steps whose norm exceeded the clip."""
+    steps = [json.loads(line) for line in records.read_text().splitlines()]
+    loss, norm = np.array([s["loss"] for s in steps]), np.array([s["grad_norm"] for s in steps])
+    quarters = np.array_split(np.arange(len(steps)), 4)
+    return {
+        "perplexity": result["perplexity"],
+        "steps": len(steps),
+        "loss": [float(loss[q].mean()) for q in quarters],
+        "grad_norm_median": [float(np.median(norm[q])) for q in quarters],
+        "grad_norm_p90": [float(np.percentile(norm[q], 90)) for q in quarters],
+        "clipped": [float((norm[q] > CLIP).mean()) for q in quarters],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--train", required=True)
+    parser.add_argument("--heldout", required=True)
+    parser.add_argument("--epochs", type=int, default=1, help="bilm-tf epochs (ours: the same number of batches)")
+    parser.add_argument("--dropouts", default="0,0.1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--order", default="shared", choices=["shared", "independent"])
+    parser.add_argument("--bilm-python", default="/tmp/bilmvenv/bin/python")
+    parser.add_argument("--bilm-tools", default=str(ROOT.parent / "shared" / "tools" / "bilm_tf"))
+    args = parser.parse_args()
+    args.out = Path(args.out).absolute()
+    args.train, args.heldout = Path(args.train).absolute(), Path(args.heldout).absolute()
+    args.out.mkdir(parents=True, exist_ok=True)
+    vocab = args.out / "vocab.txt"
+    if not vocab.is_file():
+        run(
+            [sys.executable, "launch.py", "vocab", f"--data=text:{args.train}", f"--output={vocab}"],
+            args.out / "vocab.log",
+        )
+    summary_path = args.out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    for dropout in map(float, args.dropouts.split(",")):
+        for side in ("bilm_tf", "elmo_jax"):
+            key = f"{side} dropout={dropout}"
+            if key in summary:
+                continue
+            records = args.out / f"{side}_dropout{dropout}.jsonl"
+            if side == "bilm_tf":
+                result = bilm_tf(args, vocab, dropout, records)
+                bilm_steps = result["steps"]
+            else:
+                steps = summary.get(f"bilm_tf dropout={dropout}", {}).get("steps") or bilm_steps
+                result = elmo_jax(args, vocab, dropout, steps, records)
+            summary[key] = summarize(records, result)
+            summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    print("| run | held-out ppl | loss by quarter | grad norm median by quarter | p90 | clipped by quarter |")
+    print("|---|---|---|---|---|---|")
+    for key, s in summary.items():
+        cells = [
+            " / ".join(f"{v:.{d}f}" for v in s[k])
+            for k, d in (("loss", 3), ("grad_norm_median", 2), ("grad_norm_p90", 2), ("clipped", 2))
+        ]
+        print(f"| {key} | {s['perplexity']:.2f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
