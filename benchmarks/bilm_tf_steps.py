@@ -122,6 +122,8 @@ def summarize(records: Path, result: dict) -> dict:
     quarters = np.array_split(np.arange(len(steps)), 4)
     return {
         "perplexity": result["perplexity"],
+        "forward_perplexity": result["forward_perplexity"],
+        "backward_perplexity": result["backward_perplexity"],
         "steps": len(steps),
         "loss": [float(loss[q].mean()) for q in quarters],
         "grad_norm_median": [float(np.median(norm[q])) for q in quarters],
@@ -167,14 +169,17 @@ def main() -> None:
                 result = elmo_jax(args, vocab, dropout, steps, records)
             summary[key] = summarize(records, result)
             summary_path.write_text(json.dumps(summary, indent=1) + "\n")
-    print("| run | held-out ppl | loss by quarter | grad norm median by quarter | p90 | clipped by quarter |")
+    print(
+        "| run | held-out ppl (fwd / bwd) | loss by quarter | grad norm median by quarter | p90 | clipped by quarter |"
+    )
     print("|---|---|---|---|---|---|")
     for key, s in summary.items():
         cells = [
             " / ".join(f"{v:.{d}f}" for v in s[k])
             for k, d in (("loss", 3), ("grad_norm_median", 2), ("grad_norm_p90", 2), ("clipped", 2))
         ]
-        print(f"| {key} | {s['perplexity']:.2f} | " + " | ".join(cells) + " |")
+        ppl = f"{s['perplexity']:.2f} ({s['forward_perplexity']:.2f} / {s['backward_perplexity']:.2f})"
+        print(f"| {key} | {ppl} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
