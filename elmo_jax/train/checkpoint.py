@@ -2,9 +2,9 @@
 optimizer state, carried LSTM state, step, rng) and the batcher's position.
 
 The batcher positions of every global row are saved as a (B, 3 per stream) array sharded like
-the batch, so each process writes and reads its own rows; the rest of the batcher state is JSON. Saves are
-atomic (Orbax writes to a temporary folder and renames) and asynchronous; a run killed mid-save
-leaves the previous checkpoint as the latest.
+the batch, so each process writes and reads its own rows; the rest of the batcher state is JSON.
+Saves are atomic (Orbax writes to a temporary folder and renames) and asynchronous; a run killed
+mid-save leaves the previous checkpoint as the latest.
 
 Orbax checks no data checksums, so each item's folder also gets `checksums.json` (SHA-256 of
 every file) before the checkpoint is committed. A restore takes the newest step whose files all
