@@ -232,9 +232,13 @@ class StreamBatcher:
         rows = np.zeros((2, B, T), dtype=np.int64)
         targets = np.zeros((2, B, T), dtype=np.int32)
         mask = np.zeros((B, T), dtype=bool)
+        layouts = [self._layout(segments) for segments in windows]
         for direction in (0, 1):
-            j, t, token, target = self._places(windows[direction % len(windows)], backward=direction == 1)
-            rows[direction, j, t], targets[direction, j, t] = token, self._word_ids[target]
+            j, t, start, n, p, flat = layouts[direction % len(layouts)]
+            # Backward position p reads the sentence reversed: token n - 1 - p, target n - 2 - p.
+            token = start + n - 1 - p if direction else start + p
+            target = token - 1 if direction else token + 1
+            rows[direction, j, t], targets[direction, j, t] = flat[token], self._word_ids[flat[target]]
             mask[j, t] = True
         distinct, inverse = np.unique(rows, return_inverse=True)
         words = self.chars.lookup(distinct)
@@ -262,9 +266,10 @@ class StreamBatcher:
             s[1] = part
 
     @staticmethod
-    def _places(segments: list, backward: bool) -> tuple[np.ndarray, ...]:
-        """(row, time, char-table row of the input, char-table row of the target) of every
-        position of a window's segments, read forward or reversed within each sentence."""
+    def _layout(segments: list) -> tuple[np.ndarray, ...]:
+        """Every position of a window's segments: its row, time, the start of its sentence in
+        `flat` and the sentence's length, its index p in the sentence; and `flat`, the
+        char-table rows of the segments' sentences one after the other."""
         tables = [s[4][1] for s in segments]
         flat = np.concatenate(tables)
         lengths = np.array([len(x) for x in tables])
@@ -273,11 +278,7 @@ class StreamBatcher:
         # One entry per position: its segment, and its index within the segment.
         each = np.repeat(np.arange(len(segments)), seg_take)
         within = np.arange(len(each)) - np.repeat(np.cumsum(seg_take) - seg_take, seg_take)
-        p, start, n = seg_offset[each] + within, start[each], lengths[each]
-        # Backward position p reads the sentence reversed: token n - 1 - p, target n - 2 - p.
-        token = start + n - 1 - p if backward else start + p
-        target = token - 1 if backward else token + 1
-        return seg_j[each], seg_t[each] + within, flat[token], flat[target]
+        return seg_j[each], seg_t[each] + within, start[each], lengths[each], seg_offset[each] + within, flat
 
     def empty_batch(self) -> Batch:
         """A batch without tokens (mask all False), shaped like this batcher's."""
