@@ -85,14 +85,48 @@ def bilm_tf_steps(train: Path, epochs: int) -> int:
 
 def last_json(command: list[str], log: Path) -> dict:
     """Runs `command`, its output into `log`; its last stdout line parsed as JSON."""
-    print("$", " ".join(command), flush=True)
+    shown = " ".join("<program>" if "\n" in part else part for part in command)  # `python -c` sources
+    print("$", shown, flush=True)
     with open(log, "w") as f:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
     lines = done.stdout.strip().splitlines()
     log.with_suffix(".stdout").write_text(done.stdout)
     if done.returncode != 0 or not lines:
-        sys.exit(f"failed ({done.returncode}): {' '.join(command)}; see {log}")
+        sys.exit(f"failed ({done.returncode}): {shown}; see {log}")
     return json.loads(lines[-1])
+
+
+def bilm_tf_flags(
+    train: Path, heldout: Path, vocab: Path, epochs: int, folder: Path, seed: int, dropout: float, order: str
+):
+    """bilm_tf_train_eval.py's flags for one run; `order` is its --backward-order."""
+    return [
+        *(f"--train={train}", f"--heldout={heldout}", f"--vocab={vocab}", f"--epochs={epochs}"),
+        *(f"--out={folder}", f"--seed={seed}", f"--dropout={dropout}", f"--backward-order={order}"),
+    ]
+
+
+def elmo_jax_command(
+    train: Path,
+    heldout: Path,
+    vocab: Path,
+    epochs: int,
+    workdir: Path,
+    seed: int,
+    dropout: float,
+    order: str,
+    steps: int,
+):
+    """Our training of one run: experiments/cpu_peer.py for `steps` batches on one device, held
+    out at the end only; `order` is config.data.backward_order."""
+    return [
+        *(sys.executable, "launch.py", "train", "--config=experiments/cpu_peer.py", f"--workdir={workdir}"),
+        *(f"--config.data.train=text:{train}", f"--config.data.heldout=text:{heldout}"),
+        *(f"--config.data.vocab={vocab}", f"--config.data.backward_order={order}"),
+        *(f"--config.train.max_steps={steps}", f"--config.train.n_epochs={epochs + 1}"),
+        *(f"--config.train.seed={seed}", f"--config.train.dropout={dropout}"),
+        *("--config.train.eval_every=0", "--config.train.devices=1"),
+    ]
 
 
 def every_position(args, folder: Path, steps: int, vocab: Path, heldout: Path) -> dict:
@@ -112,21 +146,14 @@ def run_side(side: str, args, train: Path, heldout: Path, vocab: Path, seed: int
     program, order = SIDES[side]
     name = f"{side}_dropout{args.dropout}_seed{seed}"
     folder, log = args.out / side / f"dropout{args.dropout}_seed{seed}", args.out / f"{name}.log"
+    run = (train, heldout, vocab, args.epochs, folder, seed, args.dropout, order)
     if program == "bilm-tf":
-        command = [args.bilm_python, str(Path(args.bilm_tools) / "bilm_tf_train_eval.py")]
-        command += [f"--train={train}", f"--heldout={heldout}", f"--vocab={vocab}", f"--epochs={args.epochs}"]
-        command += [f"--out={folder}", f"--seed={seed}", f"--dropout={args.dropout}", f"--backward-order={order}"]
+        command = [args.bilm_python, str(Path(args.bilm_tools) / "bilm_tf_train_eval.py"), *bilm_tf_flags(*run)]
         result = last_json(command, log)
         if result["steps"] != steps:
             sys.exit(f"{name}: bilm-tf ran {result['steps']} steps, expected {steps}")
         return result
-    command = [sys.executable, "launch.py", "train", "--config=experiments/cpu_peer.py", f"--workdir={folder}"]
-    command += [f"--config.data.train=text:{train}", f"--config.data.heldout=text:{heldout}"]
-    command += [f"--config.data.vocab={vocab}", f"--config.data.backward_order={order}"]
-    command += [f"--config.train.max_steps={steps}", f"--config.train.n_epochs={args.epochs + 1}"]
-    command += [f"--config.train.seed={seed}", f"--config.train.dropout={args.dropout}"]
-    command += ["--config.train.eval_every=0", "--config.train.devices=1"]
-    return {**last_json(command, log), "steps": steps}
+    return {**last_json(elmo_jax_command(*run, steps), log), "steps": steps}
 
 
 def main() -> None:

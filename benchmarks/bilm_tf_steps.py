@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-from bilm_tf_learning import every_position
+from bilm_tf_learning import bilm_tf_flags, elmo_jax_command, every_position, last_json
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIP = 10.0  # the recipe's all_clip_norm_val
@@ -76,39 +75,23 @@ peer.main()
 """
 
 
-def run(command: list[str], log: Path) -> dict:
-    """Runs `command` (output into `log`); its last stdout line parsed as JSON."""
-    print("$", " ".join("<BILM_TF_RECORDING>" if c == BILM_TF_RECORDING else c for c in command), flush=True)
-    with open(log, "w") as f:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        sys.exit(f"failed ({done.returncode}); see {log}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def bilm_tf(args, vocab: Path, dropout: float, records: Path) -> dict:
     order = "same" if args.order == "shared" else "independent"
     folder = args.out / f"bilm_tf_dropout{dropout}"
-    command = [args.bilm_python, "-c", BILM_TF_RECORDING, args.bilm_tools, str(records)]
-    command += [f"--train={args.train}", f"--heldout={args.heldout}", f"--vocab={vocab}", f"--epochs={args.epochs}"]
-    command += [f"--out={folder}", f"--seed={args.seed}", f"--dropout={dropout}", f"--backward-order={order}"]
-    result = run(command, args.out / f"bilm_tf_dropout{dropout}.log")
+    flags = bilm_tf_flags(args.train, args.heldout, vocab, args.epochs, folder, args.seed, dropout, order)
+    command = [args.bilm_python, "-c", BILM_TF_RECORDING, args.bilm_tools, str(records), *flags]
+    result = last_json(command, args.out / f"bilm_tf_dropout{dropout}.log")
     return {**result, **every_position(args, folder, result["steps"], vocab, args.heldout), "own_test": result}
 
 
 def elmo_jax(args, vocab: Path, dropout: float, steps: int, records: Path) -> dict:
     workdir = args.out / f"elmo_jax_dropout{dropout}"
-    command = [sys.executable, "launch.py", "train", "--config=experiments/cpu_peer.py", f"--workdir={workdir}"]
-    command += [f"--config.data.train=text:{args.train}", f"--config.data.heldout=text:{args.heldout}"]
-    command += [f"--config.data.vocab={vocab}", f"--config.data.backward_order={args.order}"]
-    command += [f"--config.train.max_steps={steps}", f"--config.train.n_epochs={args.epochs + 1}"]
-    command += [f"--config.train.seed={args.seed}", f"--config.train.dropout={dropout}"]
-    command += ["--config.train.eval_every=0", "--config.train.devices=1", "--config.train.log_every=1"]
-    result = run(command, args.out / f"elmo_jax_dropout{dropout}.log")
-    lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    steps_logged = [json.loads(line) for line in lines]
+    run = (args.train, args.heldout, vocab, args.epochs, workdir, args.seed, dropout, args.order, steps)
+    command = [*elmo_jax_command(*run), "--config.train.log_every=1"]
+    result = last_json(command, args.out / f"elmo_jax_dropout{dropout}.log")
     with open(records, "w") as f:
-        for r in steps_logged:
+        for line in (workdir / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
             if r["kind"] == "train":
                 f.write(json.dumps({"loss": r["loss"], "grad_norm": r["grad_norm"]}) + "\n")
     return result
@@ -149,7 +132,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     vocab = args.out / "vocab.txt"
     if not vocab.is_file():
-        run(
+        last_json(
             [sys.executable, "launch.py", "vocab", f"--data=text:{args.train}", f"--output={vocab}"],
             args.out / "vocab.log",
         )
