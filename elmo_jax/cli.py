@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -27,6 +26,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
+from elmo_jax import strict_json
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.experiment import experiment_file, packaged_experiments
 from elmo_jax.progress import log_handler
@@ -255,14 +255,14 @@ def cmd_train() -> None:
     print(FLAGS.config)
     result = train(FLAGS.config, FLAGS.workdir)
     if result:
-        print(json.dumps(result))
+        print(strict_json.dumps(result))
 
 
 def cmd_eval() -> None:
     from elmo_jax.train.evaluate_run import evaluate_workdir
 
     result = evaluate_workdir(FLAGS.workdir, FLAGS.data, FLAGS.max_sentences or None, FLAGS.batch_size)
-    print(json.dumps(result))
+    print(strict_json.dumps(result))
 
 
 def cmd_import() -> None:
@@ -325,7 +325,7 @@ def cmd_vocab() -> None:
     with replacing(FLAGS.output, FLAGS.overwrite, inputs, "--output") as tmp:
         vocab.save(tmp)
     log.info("%s: %s; written to %s", FLAGS.data, summary(stats), FLAGS.output)
-    print(json.dumps(stats))
+    print(strict_json.dumps(stats))
 
 
 def cmd_plot() -> None:

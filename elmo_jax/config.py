@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from elmo_jax import strict_json
 from elmo_jax.errors import MissingFile, UserError
 
 ACTIVATIONS = ("relu", "tanh")
@@ -149,7 +150,7 @@ class ModelConfig:
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         """Writes options.json; `extra` adds bilm-tf training fields (TrainHParams.options_fields)."""
-        Path(path).write_text(json.dumps({**self.to_options(), **(extra or {})}, indent=2) + "\n")
+        Path(path).write_text(strict_json.dumps({**self.to_options(), **(extra or {})}, indent=2) + "\n")
 
     def differences(self, other: ModelConfig) -> list[str]:
         """Names of the options fields (`lstm.dim`, ...) whose values differ from `other`."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 from elmo_jax.errors import MissingFile, UserError
@@ -28,9 +29,9 @@ def read_metrics(path: Path) -> dict[str, list[dict]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = {k: math.nan if v is None else v for k, v in json.loads(line).items()}  # null: not finite
             by_step[record["kind"]][record["step"]] = record
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise UserError(f"{path}: line {n} is not a metrics record ({e})") from None
     return {kind: [records[s] for s in sorted(records)] for kind, records in by_step.items()}
 

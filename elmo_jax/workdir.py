@@ -16,7 +16,6 @@ optimizer state: all that embedding, export and evaluation need.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +23,7 @@ from typing import NamedTuple
 import jax
 import ml_collections
 
+from elmo_jax import strict_json
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.environment import environment
 from elmo_jax.errors import MissingFile, UserError
@@ -104,7 +104,7 @@ class Workdir:
         run writing it (a resumed run records its own; process 0 writes)."""
         if jax.process_index() == 0:
             record = {**config.to_dict(), "vocabulary": vocab.record(), "environment": environment()}
-            text = json.dumps(record, indent=2) + "\n"
+            text = strict_json.dumps(record, indent=2) + "\n"
             write_text(self.config_json, text)
 
     def vocab(self) -> Vocabulary:

@@ -1,5 +1,6 @@
 """Running launch.py in a subprocess, for tests of the command line."""
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,15 @@ def start_cli(args) -> subprocess.Popen:
     return subprocess.Popen(
         launch_args(*args), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def strict_json(text: str):
+    """`text` parsed as strict JSON (RFC 8259): Infinity and NaN are refused, as jq does."""
+    return json.loads(text, parse_constant=_not_json)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, status: int, *fragments: str) -> None:

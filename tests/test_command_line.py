@@ -1,14 +1,13 @@
 """The command line as a user meets it: the installed `elmo-jax` command and `python -m elmo_jax`
 from any folder, help on every command, one flag spelling, and one-line errors with the usage."""
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cli import ROOT, assert_one_line_error, run_cli
+from cli import ROOT, assert_one_line_error, run_cli, strict_json
 from test_training_run import TINY_FLAGS
 
 from elmo_jax.cli import COMMANDS, COMMON_FLAGS
@@ -75,13 +74,15 @@ def test_installed_command_trains_a_packaged_experiment_from_any_folder(tmp_path
     train = _run([*command, *TINY_FLAGS], tmp_path)
     assert "compiled jit(train_step) in " in train.stdout  # compiles are logged with their time
     assert (workdir / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the end
-    environment = json.loads((workdir / "config.json").read_text())["environment"]
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        strict_json(line)
+    environment = strict_json((workdir / "config.json").read_text())["environment"]
     assert environment["packages"]["jax"] and environment["device_kind"] == "cpu"
     assert environment["git_commit"] is None or len(environment["git_commit"].split("-")[0]) == 40
 
     evaluated = _run([sys.executable, "-m", "elmo_jax", "eval", f"--workdir={workdir}"], tmp_path)
-    result = json.loads(evaluated.stdout.strip().splitlines()[-1])
-    final = json.loads(train.stdout.strip().splitlines()[-1])
+    result = strict_json(evaluated.stdout.strip().splitlines()[-1])
+    final = strict_json(train.stdout.strip().splitlines()[-1])
     assert result["step"] == 6 and result["perplexity"] == pytest.approx(final["perplexity"], rel=1e-6)
 
     picture = tmp_path / "curves.png"

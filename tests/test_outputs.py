@@ -1,6 +1,7 @@
-"""Outputs never clobber: refusals, --overwrite, and atomic replacement under kill -9."""
+"""Outputs never clobber: refusals, --overwrite, and atomic replacement under kill -9; JSON is strict."""
 
 import json
+import math
 import random
 import signal
 import time
@@ -9,7 +10,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from cli import assert_one_line_error, run_cli, start_cli
+from cli import assert_one_line_error, run_cli, start_cli, strict_json
 from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig
@@ -17,6 +18,7 @@ from elmo_jax.errors import UserError
 from elmo_jax.interop.bilm_hdf5 import save_weights
 from elmo_jax.model.bilm import init_params
 from elmo_jax.outputs import replacing
+from elmo_jax.strict_json import dumps
 
 
 def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_error(tmp_path):
@@ -130,3 +132,14 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     result = run_cli(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"])
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in exported.iterdir()) == ["options.json", "weights.hdf5"]  # no stale vocab.txt
+
+
+def test_strict_json_writes_non_finite_numbers_as_null_and_names_them():
+    text = dumps({"perplexity": math.inf, "loss": -math.inf, "nested": {"x": math.nan, "y": [1.5, math.nan]}})
+    assert strict_json(text) == {
+        "perplexity": None,
+        "loss": None,
+        "nested": {"x": None, "y": [1.5, None]},
+        "non_finite": {"perplexity": "inf", "loss": "-inf"},
+    }
+    assert strict_json(dumps({"tokens": 3, "ppl": 2.5})) == {"tokens": 3, "ppl": 2.5}

@@ -5,13 +5,14 @@ TensorFlow needed). Only process 0 writes files."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 
 import jax
 
+from elmo_jax import strict_json
 from elmo_jax.compile_time import CompileClock
 from elmo_jax.progress import format_duration
 from elmo_jax.train.evaluate import safe_exp
@@ -32,13 +33,15 @@ class MetricWriter:
             self.tensorboard = SummaryWriter(str(workdir.tensorboard))
 
     def write(self, step: int, kind: str, values: dict[str, float]) -> None:
-        """One record: `kind` is "train" or "eval"; values are plain floats."""
+        """One record: `kind` is "train" or "eval"; values are plain floats (non-finite ones are
+        null in metrics.jsonl and left out of TensorBoard)."""
         if not self.is_writer:
             return
-        self.jsonl.write(json.dumps({"step": step, "kind": kind, **values}) + "\n")
+        self.jsonl.write(strict_json.dumps({"step": step, "kind": kind, **values}) + "\n")
         self.jsonl.flush()
         for name, value in values.items():
-            self.tensorboard.add_scalar(f"{kind}/{name}", value, step)
+            if math.isfinite(value):
+                self.tensorboard.add_scalar(f"{kind}/{name}", value, step)
         self.tensorboard.flush()
 
     def close(self) -> None:
