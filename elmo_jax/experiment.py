@@ -56,6 +56,9 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     config.train.eval_batch_size = 64  # rows in all, split over the devices
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
+    # stop when the loss passes this x ln(vocabulary size), or this x its lowest for 3 log
+    # windows (elmo_jax/train/divergence.py); 0 = only a non-finite loss or state stops
+    config.train.divergence_factor = 2.0
     config.train.init_from = ""  # fine-tuning: a workdir or model folder whose weights (and architecture) start the run
 
     config.data = ml_collections.ConfigDict()
@@ -142,6 +145,10 @@ SETTINGS = {
     "train.eval_batch_size": _count(1),
     "train.checkpoint_every": _count(1),
     "train.keep_checkpoints": _count(1),
+    "train.divergence_factor": (
+        lambda v: _is_number(v) and math.isfinite(v) and (v == 0 or v > 1),
+        "0 (off) or a finite number > 1",
+    ),
     "train.init_from": _TEXT,
     "data.train": (lambda v: isinstance(v, str) and v != "", "a source (demo, text:GLOB, lm1b:PATH, tfds:NAME)"),
     "data.heldout": _TEXT,

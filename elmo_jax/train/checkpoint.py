@@ -135,7 +135,7 @@ class Checkpoints:
                         "moving it aside and using the previous one" if quarantine else "using the previous one",
                     )
                     if quarantine:
-                        self._quarantine(step)
+                        self.set_aside([step], "damaged_checkpoints")
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -154,10 +154,20 @@ class Checkpoints:
             return
         verify_step(step_dir)
 
-    def _quarantine(self, step: int) -> None:
-        aside = self.directory.parent / "damaged_checkpoints"
+    def set_aside(self, steps: list[int], folder: str) -> None:
+        """Moves the checkpoints of `steps` to `folder` beside the checkpoints (as STEP-TIME), out
+        of reach of a resume (process 0 does)."""
+        if jax.process_index() != 0 or not steps:
+            return
+        aside = self.directory.parent / folder
         aside.mkdir(exist_ok=True)
-        os.rename(self.directory / str(step), aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        for step in steps:
+            os.rename(self.directory / str(step), aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.manager.reload()
+
+    def steps_from(self, first: int) -> list[int]:
+        """The saved steps >= `first`."""
+        return [s for s in self.manager.all_steps() if s >= first]
 
     def softmax_table_rows(self, step: int) -> int:
         """Rows of the softmax table in the checkpoint of `step`, read from its metadata."""

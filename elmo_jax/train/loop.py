@@ -135,7 +135,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
     step_fn = make_train_step(model_config, hp, parallel, shardings)
     writer = MetricWriter(workdir)
     window = TrainWindow(writer, total_steps, "sampled" if hp.sample_softmax else "full")
-    divergence = DivergenceCheck(checkpoints, hp)
+    divergence = DivergenceCheck(checkpoints, hp, t.divergence_factor)
     bar = ProgressBar(total_steps, done=start)
     prefetch = Prefetcher(batcher, parallel.put_batch)
 
@@ -163,6 +163,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
                 pending = None
             if step % t.log_every == 0:
                 window.log(step, epochs_done(data_state, len(train_corpus)))
+                divergence.window(step)
             if must_save:
                 divergence.state(step, state)
             if stopped:
@@ -171,7 +172,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
                 checkpoints.save(step, state, data_state, parallel)
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
                 with window.leave_out():
-                    log_eval(step, evaluate_heldout(state.params, t.eval_sentences or None), writer)
+                    result = evaluate_heldout(state.params, t.eval_sentences or None)
+                log_eval(step, result, writer)
+                divergence.heldout(step, result)
             bar.update(step, f"loss {window.last_loss:.3f}")
             if stopped:
                 log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
@@ -187,6 +190,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         try:
             result = evaluate_heldout(state.params)
             log_eval(step, result, writer)
+            divergence.heldout(step, result)
         except Stopped as signal_name:
             log.info(
                 "stopped during the final evaluation (%s): every step is saved; `elmo-jax eval` evaluates it",
