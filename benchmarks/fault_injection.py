@@ -155,9 +155,9 @@ def main() -> None:
                 code, out = run(workdir, args.steps)
                 tail = out.strip().splitlines()[-1] if out.strip() else ""
                 detail = f"exit {code}: {tail[:160]}"
-                # Exit 1 with our one line last; TensorStore's own "Event loop is closed" tracebacks
-                # on stderr are known noise (see the README), not a lost run.
-                if code not in (0, 1) or (code == 1 and "saving a checkpoint" not in tail):
+                # Exit 1 with our one line last: the check before a save, or (a disk filled during
+                # the save) the failed save, after TensorStore's own tracebacks.
+                if code not in (0, 1) or (code == 1 and not ("no space for" in tail or "saving a checkpoint" in tail)):
                     print(f"  disk_full: unexpected\n{out[-3000:]}")
                     episode_lost = True
                 subprocess.run(["mount", "-o", "remount,size=4g", str(workdir)], check=True)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # reading params (elmo_jax/workdir.py) needs neither
 log = logging.getLogger(__name__)
 
 ITEMS = ("state", "rows", "data")
+SPACE_MARGIN = 0.1  # free space a save needs beyond the size of the checkpoint before it
 MANIFEST = "checksums.json"
 
 
@@ -179,9 +181,10 @@ class Checkpoints:
         return step % self.every == 0
 
     def save(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel) -> None:
-        """Starts an asynchronous save; the previous one is finished first. `data_state` is the
-        batcher state of this process's rows."""
+        """Starts an asynchronous save; the previous one is finished first, and the free space
+        checked. `data_state` is the batcher state of this process's rows."""
         self.wait()
+        self._check_space(step, state)
         local = np.asarray(data_state["rows"], np.int32)
         rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], local.shape[1]))
         meta = {k: v for k, v in data_state.items() if k != "rows"}
@@ -198,13 +201,39 @@ class Checkpoints:
         if not saved:
             raise CheckpointSaveError(f"Orbax did not save the checkpoint of step {step} in {self.directory}")
 
+    def _check_space(self, step: int, state: TrainState) -> None:
+        """Raises CheckpointSaveError, before anything is written, when the checkpoint folder's
+        file system has less free space than the latest checkpoint's size (the state's bytes for
+        a first one) plus SPACE_MARGIN. Process 0 decides for all."""
+        short, detail = 0, "found by process 0"
+        if jax.process_index() == 0:
+            latest = self.manager.latest_step()
+            if latest is None:
+                size = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state))
+            else:
+                size = sum(p.stat().st_size for p in (self.directory / str(latest)).rglob("*") if p.is_file())
+            needed, free = int(size * (1 + SPACE_MARGIN)), shutil.disk_usage(self.directory).free
+            short, detail = int(free < needed), f"about {needed:,} bytes needed, {free:,} free"
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            short = int(multihost_utils.broadcast_one_to_all(np.int32(short)))
+        if short:
+            raise CheckpointSaveError(
+                f"no space for the checkpoint of step {step} in {self.directory} ({detail}); "
+                f"nothing was written, {self._previous(step)}. Free some space (or move the workdir) and run "
+                "again: it resumes from there"
+            )
+
+    def _previous(self, step: int) -> str:
+        previous = [s for s in self.manager.all_steps() if s < step]
+        return f"the previous checkpoint (step {max(previous)}) is intact" if previous else "no checkpoint was lost"
+
     def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
         while error.__cause__ is not None or error.__context__ is not None:  # the root cause (an OSError)
             error = error.__cause__ or error.__context__
-        previous = [s for s in self.manager.all_steps() if s < step]
         return CheckpointSaveError(
-            f"saving a checkpoint in {self.directory} failed ({type(error).__name__}: {error}); "
-            + (f"the previous checkpoint (step {max(previous)}) is intact" if previous else "no checkpoint was lost")
+            f"saving a checkpoint in {self.directory} failed ({type(error).__name__}: {error}); {self._previous(step)}"
         )
 
     def save_and_wait(
