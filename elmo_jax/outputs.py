@@ -2,17 +2,28 @@
 name beside its target and renamed into place when complete, so a kill at any moment leaves the
 old output intact or the new one whole. An existing target is refused unless `overwrite`, and an
 output that is one of the inputs (or holds one) always is.
+
+The temporary names are `.NAME.tmp-HOST-PID` (and `.NAME.old-HOST-PID`, an old folder moved
+aside while a new one is swapped in). What a killed process left beside a target is cleared by
+the next command that writes it: temporaries of processes of this host that no longer exist are
+removed, and an old folder whose target is missing (a kill between the two renames) is put back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 from elmo_jax.errors import UserError
+
+log = logging.getLogger(__name__)
+HOST = socket.gethostname()
 
 
 def _contains(outer: Path, inner: Path) -> bool:
@@ -38,9 +49,10 @@ def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()
 def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = (), flag: str = "output") -> Iterator[Path]:
     """Yields a temporary path beside `target` to write the whole output to (a file or a
     folder); on success it replaces `target`, on any error it is removed."""
+    clear_leftovers(Path(target).absolute())
     target = check_output(target, overwrite, inputs, flag)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    _remove(tmp)
+    tmp = _temporary(target, "tmp")
+    _remove(tmp)  # a reused PID's
     try:
         yield tmp
         _move_into_place(tmp, target)
@@ -51,7 +63,8 @@ def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = (), f
 def write_text(path: str | Path, text: str) -> None:
     """Writes a small text file atomically (temporary file, fsync, rename)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    clear_leftovers(path)
+    tmp = _temporary(path, "tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -66,7 +79,7 @@ def _move_into_place(tmp: Path, target: Path) -> None:
     """A file replaces its target in one rename; a folder is swapped in with two (the old one
     renamed aside first, then deleted)."""
     if tmp.is_dir() and target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        old = _temporary(target, "old")
         _remove(old)
         os.rename(target, old)
         os.rename(tmp, target)
@@ -75,6 +88,44 @@ def _move_into_place(tmp: Path, target: Path) -> None:
         raise UserError(f"{target} is a folder; the output is a file")
     else:
         os.replace(tmp, target)
+
+
+def _temporary(target: Path, kind: str) -> Path:
+    return target.with_name(f".{target.name}.{kind}-{HOST}-{os.getpid()}")
+
+
+def _ended(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's, alive
+        return False
+    return False
+
+
+def clear_leftovers(target: Path) -> None:
+    """Clears what processes of this host that have ended left beside `target` (temporaries
+    named without a host are older elmo_jax's, taken as this host's): an old folder is put back
+    if `target` is missing, the rest removed; one line says what was done."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(tmp|old)-(?:(.+)-)?(\d+)")
+    if not target.parent.is_dir():
+        return
+    leftovers = []
+    for path in target.parent.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match and match[2] in (None, HOST) and _ended(int(match[3])):
+            leftovers.append((match[1], path))
+    removed = []
+    for kind, path in sorted(leftovers):  # "old" before "tmp"
+        if kind == "old" and not target.exists():
+            os.rename(path, target)
+            log.warning("put %s back: a command killed while replacing it had moved it aside as %s", target, path.name)
+        else:
+            _remove(path)
+            removed.append(path.name)
+    if removed:
+        log.info("removed what ended processes left beside %s: %s", target, ", ".join(removed))
 
 
 def _remove(path: Path) -> None:

@@ -3,6 +3,7 @@ non-finite is saved; the workdir's vocabulary is the one the run recorded."""
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +123,15 @@ def test_a_changed_or_half_written_vocabulary_is_refused(tmp_path, text_data):
     assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporary files
     assert json.loads((tmp_path / "config.json").read_text())["vocabulary"]["words"] == words
     assert os.access(tmp_path / "train.lock", os.R_OK) and (tmp_path / "train.lock").read_text() == ""  # released
+
+
+def test_the_unfinished_save_of_a_killed_run_is_removed_when_training_resumes(tmp_path, text_data, caplog):
+    train(tiny_config(text_data, max_steps=4), tmp_path)
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(checkpoints / "4", checkpoints / "6.orbax-checkpoint-tmp")  # as a kill -9 mid-save leaves it
+    caplog.set_level("INFO")
+    evaluate_workdir(tmp_path)  # a reader leaves it: a live run may be writing it
+    assert (checkpoints / "6.orbax-checkpoint-tmp").is_dir()
+    train(tiny_config(text_data, max_steps=8), tmp_path)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["4", "8"]
+    assert f"removing unfinished checkpoints of a killed run in {checkpoints}: 6.orbax-checkpoint-tmp" in caplog.text

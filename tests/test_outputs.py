@@ -1,9 +1,12 @@
 """Outputs never clobber: refusals, --overwrite, and atomic replacement under kill -9; JSON is strict."""
 
 import json
+import logging
 import math
+import os
 import random
 import signal
+import subprocess
 import time
 
 import h5py
@@ -17,7 +20,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
 from elmo_jax.interop.bilm_hdf5 import save_weights
 from elmo_jax.model.bilm import init_params
-from elmo_jax.outputs import replacing
+from elmo_jax.outputs import HOST, replacing
 from elmo_jax.strict_json import dumps
 
 
@@ -132,6 +135,7 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     result = run_cli(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"])
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in exported.iterdir()) == ["options.json", "weights.hdf5"]  # no stale vocab.txt
+    assert not list(tmp_path.glob(".exported.*"))  # what the killed exports left is cleared
 
 
 def test_strict_json_writes_non_finite_numbers_as_null_and_names_them():
@@ -143,3 +147,32 @@ def test_strict_json_writes_non_finite_numbers_as_null_and_names_them():
         "non_finite": {"perplexity": "inf", "loss": "-inf"},
     }
     assert strict_json(dumps({"tokens": 3, "ppl": 2.5})) == {"tokens": 3, "ppl": 2.5}
+
+
+def _ended_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_what_ended_processes_left_beside_an_output_is_cleared_by_the_next_writer(tmp_path, caplog):
+    """A kill between the two renames of a folder swap leaves the old folder aside and no
+    target: it is put back. Temporaries of ended processes go; a live process's stay."""
+    caplog.set_level(logging.INFO)
+    target, dead, alive = tmp_path / "model", _ended_pid(), os.getppid()
+    (tmp_path / f".model.old-{HOST}-{dead}").mkdir()
+    (tmp_path / f".model.old-{HOST}-{dead}" / "weights.hdf5").write_text("the old output")
+    (tmp_path / f".model.tmp-{HOST}-{dead}").mkdir()  # the new output, complete but not in place
+    (tmp_path / f".model.tmp-{dead}").write_text("an older elmo_jax's temporary")
+    (tmp_path / f".model.tmp-{HOST}-{alive}").write_text("being written by a live process")
+    (tmp_path / f".model.tmp-otherhost-{dead}").write_text("another host's: its process is unknown here")
+    with pytest.raises(UserError, match="already exists"):  # put back, so refused without --overwrite
+        with replacing(target):
+            pass
+    assert (target / "weights.hdf5").read_text() == "the old output"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["model", f".model.tmp-{HOST}-{alive}", f".model.tmp-otherhost-{dead}"]
+    )
+    assert f"put {target} back" in caplog.text
+    removed = f"removed what ended processes left beside {target}: .model.tmp-{dead}, .model.tmp-{HOST}-{dead}\n"
+    assert removed in caplog.text

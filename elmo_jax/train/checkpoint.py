@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # reading params (elmo_jax/workdir.py) needs neither
 log = logging.getLogger(__name__)
 
 ITEMS = ("state", "rows", "data")
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # a step folder Orbax is writing
 SPACE_MARGIN = 0.1  # free space a save needs beyond the size of the checkpoint before it
 MANIFEST = "checksums.json"
 
@@ -101,10 +102,16 @@ def _with_checksums(handler):
 
 
 class Checkpoints:
-    def __init__(self, directory: str | Path, every: int = 1000, keep: int = 3):
+    def __init__(self, directory: str | Path, every: int = 1000, keep: int = 3, clean_up: bool = False):
+        """`clean_up` (the training run, sole writer): unfinished saves of a killed run are removed."""
         self.directory = Path(directory).absolute()
         self.every = max(every, 1)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
+        unfinished = sorted(p.name for p in self.directory.glob(f"*{TMP_SUFFIX}*")) if clean_up else []
+        if unfinished and jax.process_index() == 0:
+            log.info("removing unfinished checkpoints of a killed run in %s: %s", self.directory, ", ".join(unfinished))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=True, create=True, cleanup_tmp_directories=clean_up
+        )
         handlers = {
             "state": _with_checksums(ocp.StandardCheckpointHandler()),
             "rows": _with_checksums(ocp.StandardCheckpointHandler()),

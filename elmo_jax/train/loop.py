@@ -110,7 +110,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         total_steps,
     )
 
-    checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints)
+    checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints, clean_up=True)
     table_rows = softmax_table_rows(config, len(vocab))
     abstract = abstract_train_state(model_config, hp, batch_size, table_rows, parallel, t.shard_softmax)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
