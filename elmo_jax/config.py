@@ -164,6 +164,8 @@ def read_json(path: str | Path, what: str = "file", hint: str = "") -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise MissingFile(f"{what} not found: {path}{hint}") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a folder, not a JSON file{hint}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not valid JSON ({e}){hint}") from None
 

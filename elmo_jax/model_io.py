@@ -53,6 +53,8 @@ def load_model(
     path = Path(path)
     if Workdir(path).is_run():
         return _load_workdir(Workdir(path))
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file: give a workdir or model folder, or an options.json and a weights.hdf5")
     if not path.is_dir():
         raise MissingFile(f"model folder not found: {path}")
     vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None

@@ -81,6 +81,15 @@ class Workdir:
     def __str__(self) -> str:
         return str(self.path)
 
+    def create(self) -> None:
+        """The folder (and its parents) if it is not there; a file in the way is a UserError."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UserError(f"the workdir {self.path} is (or is inside) a file, not a folder: choose another") from None
+        except OSError as e:
+            raise UserError(f"the workdir {self.path} cannot be created ({e.strerror}: {e.filename})") from None
+
     def is_run(self) -> bool:
         """A training run's folder: config.json and checkpoints/."""
         return self.config_json.is_file() and self.checkpoints.is_dir()

@@ -113,5 +113,14 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
         2,
         "config.json: not valid JSON",
     )
+    # Files where folders belong, and folders where files do: no raw OS error.
+    (tmp_path / "a_file").write_text("x")
+    result = run_cli(["train", "--config=demo", f"--workdir={tmp_path / 'a_file'}"])
+    assert_one_line_error(result, 2, f"the workdir {tmp_path / 'a_file'} is (or is inside) a file, not a folder")
+    result = run_cli(["vocab", f"--data=text:{tmp_path / 'w2'}", f"--output={tmp_path / 'v.txt'}"])
+    assert_one_line_error(result, 2, f"{tmp_path / 'w2'} is a folder; name its files")
+    result = run_cli(["import", f"--options={tmp_path}", f"--weights={tmp_path}", f"--output={tmp_path / 'o'}"])
+    assert_one_line_error(result, 2, f"options file {tmp_path} is a folder, not a JSON file")
+
     verbose = run_cli(["eval", f"--workdir={tmp_path / 'w2'}", "--verbose"])
     assert verbose.returncode != 0 and "Traceback" in verbose.stderr

@@ -51,6 +51,9 @@ def open_corpus(source: str, split: str, seed: int = 0) -> Corpus:
         paths = sorted(Path(p) for p in glob.glob(pattern))
         if not paths:
             raise MissingFile(f"{source}: no file matches {pattern}")
+        folders = [p for p in paths if p.is_dir()]
+        if folders:
+            raise UserError(f"{source}: {folders[0]} is a folder; name its files (text:{folders[0] / '*.txt'})")
         return ShardedCorpus(source, [Shard(p) for p in paths])
     if source.startswith("lm1b:"):
         return ShardedCorpus(f"{source} ({split})", lm1b_shards(Path(source[len("lm1b:") :]), split))

@@ -41,7 +41,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run)."""
     experiment.validate(config)
     workdir = Workdir(workdir)
-    workdir.path.mkdir(parents=True, exist_ok=True)
+    workdir.create()
     lock = RunLock(workdir) if jax.process_index() == 0 else None
     preemption = Preemption()
     try:
