@@ -4,7 +4,7 @@
                  and what it ran on (package versions, device kind, git commit: elmo_jax/environment.py)
   vocab.txt      the vocabulary, one word a line in softmax row order (elmo_jax/text/vocab.py)
   checkpoints/   Orbax checkpoints (elmo_jax/train/checkpoint.py); damaged steps are moved to
-                 damaged_checkpoints/ beside it
+                 damaged_checkpoints/ beside it, those saved as a run diverged to diverged_checkpoints/
   metrics.jsonl  one JSON record per train log window and per evaluation
   tensorboard/   the same numbers as TensorBoard event files
   training_curves.png  drawn from metrics.jsonl after training and by `elmo-jax plot` (elmo_jax/curves.py)
