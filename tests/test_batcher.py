@@ -1,4 +1,6 @@
+import gc
 import json
+import weakref
 
 import numpy as np
 import pytest
@@ -202,3 +204,19 @@ def test_too_few_sentences_for_the_rows():
     vocab = Vocabulary.from_counts(count_words(corpus))
     with pytest.raises(ValueError, match="3 sentences cannot fill 4 rows"):
         StreamBatcher(corpus, vocab, 4, 5)
+
+
+@pytest.mark.parametrize("order", ["independent", "shared"])
+def test_a_dropped_batcher_is_freed_at_once_without_the_garbage_collector(order):
+    """An evaluation makes a batcher every eval_every steps; a reference cycle would keep each
+    (its char table, its sentences) until one of Python's rare full collections."""
+    corpus = make_corpus()
+    batcher = StreamBatcher(corpus, Vocabulary.from_counts(count_words(corpus)), 3, 4, backward_order=order)
+    next(batcher)
+    freed = weakref.ref(batcher)
+    gc.disable()
+    try:
+        del batcher
+        assert freed() is None
+    finally:
+        gc.enable()

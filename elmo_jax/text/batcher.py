@@ -21,6 +21,7 @@ positions of every row are a small JSON-serialisable state.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -82,7 +83,9 @@ class _Stream:
     the backward LM's in the shared order) or 1 (the backward LM's own, see `Corpus.view`)."""
 
     def __init__(self, batcher: StreamBatcher, number: int):
-        self.batcher, self.number = batcher, number
+        # A weak reference: a batcher is freed as soon as it is dropped (an evaluation's, every
+        # eval_every steps), not at Python's rare full garbage collections.
+        self.batcher, self.number = weakref.proxy(batcher), number
         self.views: dict[tuple[int, int], object] = {}
         # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
         self.pos = [[0, 0, 0] for _ in batcher.rows]
