@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from elmo_jax.train.checkpoint import DamagedCheckpoint, verify_step  # noqa: E402
+from elmo_jax.checkpoint import DamagedCheckpoint, verify_step  # noqa: E402
 
 
 def train_args(workdir: Path, steps: int) -> list[str]:

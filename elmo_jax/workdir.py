@@ -3,7 +3,7 @@
   config.json    the run's experiment config (train.devices resolved), its vocabulary's size and hash,
                  and what it ran on (package versions, device kind, git commit: elmo_jax/environment.py)
   vocab.txt      the vocabulary, one word a line in softmax row order (elmo_jax/text/vocab.py)
-  checkpoints/   Orbax checkpoints (elmo_jax/train/checkpoint.py); damaged steps are moved to
+  checkpoints/   Orbax checkpoints (elmo_jax/checkpoint.py); damaged steps are moved to
                  damaged_checkpoints/ beside it, those saved as a run diverged to diverged_checkpoints/
   metrics.jsonl  one JSON record per train log window and per evaluation
   tensorboard/   the same numbers as TensorBoard event files
@@ -186,7 +186,7 @@ class Workdir:
     def restore_params(self) -> RunParams:
         """The params of the newest intact checkpoint (on the first local device), read without
         the optimizer state."""
-        from elmo_jax.train.checkpoint import Checkpoints  # Orbax: only when a checkpoint is read
+        from elmo_jax.checkpoint import Checkpoints  # Orbax: only when a checkpoint is read
 
         config, vocab = self.saved_config(), self.vocab()
         run_model = model_config(config)

@@ -10,7 +10,7 @@ import pytest
 from cli import assert_one_line_error, run_cli
 from test_training_run import cli_train_args
 
-from elmo_jax.train.checkpoint import verify_step
+from elmo_jax.checkpoint import verify_step
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 from cli import assert_one_line_error, run_cli, strict_json
 from test_training_run import cli_train_args, losses, tiny_config
 
+from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import TrainHParams
 from elmo_jax.train import loop
-from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.divergence import DivergenceCheck, TrainingDiverged
 from elmo_jax.train.loop import train
 

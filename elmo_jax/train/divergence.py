@@ -24,9 +24,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import TrainHParams
 from elmo_jax.errors import RunFailed
-from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.step import TrainState
 
 PATIENCE = 3  # log windows in a row above factor x the lowest window mean

@@ -13,6 +13,7 @@ import jax
 import ml_collections
 
 from elmo_jax import experiment
+from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.curves import plot_after_training
 from elmo_jax.errors import UserError
@@ -21,7 +22,6 @@ from elmo_jax.progress import ProgressBar
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
-from elmo_jax.train.checkpoint import Checkpoints
 from elmo_jax.train.divergence import DivergenceCheck
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.metrics import MetricWriter, TrainWindow, log_eval
@@ -119,7 +119,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         state, start = _fresh_state(config, model_config, hp, vocab, batch_size, table_rows, shardings), 0
     else:
         workdir.check_vocab(checkpoints.softmax_table_rows(start), config, vocab)
-        state, data_state = checkpoints.restore(start, abstract, parallel, batcher.positions_shape)
+        state, data_state = checkpoints.restore(start, abstract, parallel.rows, batcher.positions_shape)
         batcher.restore(data_state)
         log.info("resumed from the checkpoint at step %d", start)
     if preemption.requested:
@@ -167,9 +167,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
             if must_save:
                 divergence.state(step, state)
             if stopped:
-                checkpoints.save_and_wait(step, state, data_state, parallel)
+                checkpoints.save_and_wait(step, state, data_state, parallel.rows)
             elif must_save:
-                checkpoints.save(step, state, data_state, parallel)
+                checkpoints.save(step, state, data_state, parallel.rows)
             if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
                 with window.leave_out():
                     result = evaluate_heldout(state.params, t.eval_sentences or None)

@@ -1,5 +1,7 @@
 """Orbax checkpoints of everything that decides where training is: the TrainState (params,
-optimizer state, carried LSTM state, step, rng) and the batcher's position.
+optimizer state, carried LSTM state, step, rng) and the batcher's position. Training writes
+them; evaluation, embedding and export read the params (elmo_jax/workdir.py), so this module
+knows nothing of training but a state's shape.
 
 The batcher positions of every global row are saved as a (B, 3 per stream) array sharded like
 the batch, so each process writes and reads its own rows; the rest of the batcher state is JSON.
@@ -21,7 +23,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -30,10 +32,10 @@ import orbax.checkpoint as ocp
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.outputs import write_text
 
-if TYPE_CHECKING:  # reading params (elmo_jax/workdir.py) needs neither
+if TYPE_CHECKING:
     from elmo_jax.model import Params
-    from elmo_jax.train.parallel import DataParallel
-    from elmo_jax.train.step import TrainState
+
+State = Any  # a pytree of jax.Arrays: training's TrainState
 
 log = logging.getLogger(__name__)
 
@@ -187,17 +189,18 @@ class Checkpoints:
         checkpoint has landed, which an asynchronous save takes a while to do)."""
         return step % self.every == 0
 
-    def save(self, step: int, state: TrainState, data_state: dict, parallel: DataParallel) -> None:
+    def save(self, step: int, state: State, data_state: dict, rows: jax.sharding.Sharding) -> None:
         """Starts an asynchronous save; the previous one is finished first, and the free space
-        checked. `data_state` is the batcher state of this process's rows."""
+        checked. `data_state` is the batcher state of this process's rows, laid out over the
+        processes by `rows` (the batch's sharding of rows)."""
         self.wait()
         self._check_space(step, state)
         local = np.asarray(data_state["rows"], np.int32)
-        rows = jax.make_array_from_process_local_data(parallel.rows, local, (data_state["batch_size"], local.shape[1]))
+        positions = jax.make_array_from_process_local_data(rows, local, (data_state["batch_size"], local.shape[1]))
         meta = {k: v for k, v in data_state.items() if k != "rows"}
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            rows=ocp.args.StandardSave({"positions": rows}),
+            rows=ocp.args.StandardSave({"positions": positions}),
             data=ocp.args.JsonSave(meta),
         )
         try:
@@ -208,7 +211,7 @@ class Checkpoints:
         if not saved:
             raise CheckpointSaveError(f"Orbax did not save the checkpoint of step {step} in {self.directory}")
 
-    def _check_space(self, step: int, state: TrainState) -> None:
+    def _check_space(self, step: int, state: State) -> None:
         """Raises CheckpointSaveError, before anything is written, when the checkpoint folder's
         file system has less free space than the latest checkpoint's size (the state's bytes for
         a first one) plus SPACE_MARGIN. Process 0 decides for all."""
@@ -244,12 +247,12 @@ class Checkpoints:
         )
 
     def save_and_wait(
-        self, step: int, state: TrainState, data_state: dict, parallel: DataParallel, tries: int = 3
+        self, step: int, state: State, data_state: dict, rows: jax.sharding.Sharding, tries: int = 3
     ) -> None:
         """A save that has landed on return (for preemption). A signal arriving during an
         asynchronous write can make it fail without a trace, so it is checked and retried."""
         for _ in range(tries):
-            self.save(step, state, data_state, parallel)
+            self.save(step, state, data_state, rows)
             self.wait()
             if self.manager.latest_step() == step:
                 return
@@ -257,13 +260,8 @@ class Checkpoints:
             self.manager.reload()
         raise RuntimeError(f"the checkpoint of step {step} did not land in {self.directory}")
 
-    def restore_state(self, step: int, abstract_state: TrainState) -> TrainState:
-        """The TrainState of `step`, shaped and sharded like `abstract_state`."""
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
-        return self._restore(step, args).state
-
     def restore_params(self, step: int, abstract_params: Params) -> Params:
-        """Only the params of `step`'s TrainState, shaped and placed like `abstract_params`: the
+        """Only the params of `step`'s state, shaped and placed like `abstract_params`: the
         optimizer state and the rest are not read."""
         tree = {"params": abstract_params}
         args = ocp.args.PyTreeRestore(
@@ -281,14 +279,15 @@ class Checkpoints:
             raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
 
     def restore(
-        self, step: int, abstract_state: TrainState, parallel: DataParallel, positions_shape: tuple[int, int]
-    ) -> tuple[TrainState, dict]:
-        """The TrainState of `step` and the batcher state of this process's rows (the global
-        rows' positions are `positions_shape`, see StreamBatcher)."""
-        rows = jax.ShapeDtypeStruct(positions_shape, np.int32, sharding=parallel.rows)
+        self, step: int, abstract_state: State, rows: jax.sharding.Sharding, positions_shape: tuple[int, int]
+    ) -> tuple[State, dict]:
+        """The state of `step`, shaped and sharded like `abstract_state`, and the batcher state
+        of this process's rows (the global rows' positions are `positions_shape`, see
+        StreamBatcher, laid out by `rows`)."""
+        positions = jax.ShapeDtypeStruct(positions_shape, np.int32, sharding=rows)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
-            rows=ocp.args.StandardRestore({"positions": rows}),
+            rows=ocp.args.StandardRestore({"positions": positions}),
             data=ocp.args.JsonRestore(),
         )
         restored = self._restore(step, args)
