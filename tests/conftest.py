@@ -1,7 +1,7 @@
 """Shared test set-up: JAX on CPU with 8 devices (to test sharding; code that should use one
 sets config.train.devices = 1) compiled without LLVM's optimizations, full float32 matmuls, a
 persistent compile cache, freed host memory kept in the process (elmo_jax/host_memory.py, as
-launch.py does), and the location of the shared fixtures (ELMO_JAX_FIXTURES, default
+the commands do: elmo_jax/cli.py main), and the location of the shared fixtures (ELMO_JAX_FIXTURES, default
 ../shared/fixtures).
 
 Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# launch.py's persistent compilation cache ($XDG_CACHE_HOME/elmo_jax) inside the repository.
+# The commands' persistent compilation cache ($XDG_CACHE_HOME/elmo_jax) inside the repository.
 os.environ["XDG_CACHE_HOME"] = str(Path(__file__).resolve().parent.parent / ".jax_cache" / "xdg")
 # The tests' models are tiny, so compiling is most of their time: LLVM at level 0 (instead of 2)
 # compiles a train step in about 40% less time; results differ from level 2's by rounding only.
@@ -22,7 +22,7 @@ os.environ["XLA_FLAGS"] = (
 
 from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
 
-keep_freed_memory()  # as launch.py does
+keep_freed_memory()  # as the commands do
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

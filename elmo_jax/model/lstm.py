@@ -1,5 +1,5 @@
-"""The LSTM with projection and clipping (TF `LSTMCell`, docs/MODEL.md section 1): every layer
-and both directions of a biLM in one time loop.
+"""The LSTM with projection and clipping (TF `LSTMCell`, docs/MODEL.md section 1): both
+directions of a biLM in each time loop, its layers in one loop (wavefront) or one each (layers).
 
 Layer params hold both directions stacked on axis 0 (0 forward, 1 backward), in bilm-tf's
 layout: `W_0` (2, 2P, 4C) with rows [input; h_prev] and gate blocks i, j, f, o; `B` (2, 4C)

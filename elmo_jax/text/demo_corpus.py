@@ -203,10 +203,6 @@ class DemoGrammar:
                     out.append(lp)
         return out
 
-    def log_prob(self, sentence: list[str]) -> float:
-        """log p(sentence) under the grammar."""
-        return float(np.logaddexp.reduce(self.parses(sentence))) if self.parses(sentence) else -math.inf
-
     def sample(self, rng: np.random.Generator, n: int) -> list[list[str]]:
         """n sentences drawn with `rng`."""
         topics = rng.integers(len(self.topics), size=n)
