@@ -25,7 +25,7 @@ def feed(check, losses_by_step):
     """One log window per step."""
     for step, loss in losses_by_step.items():
         check.metrics(step, {"loss": loss, "grad_norm": 1.0})
-        check.window(step)
+        check.window(step, loss, 1)
 
 
 @pytest.fixture

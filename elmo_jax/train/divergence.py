@@ -54,24 +54,20 @@ class DivergenceCheck:
         self.lowest = math.inf  # the lowest window mean since the run (re)started
         self.rising_since = None  # the first step of the current run of windows above factor x lowest
         self.rising = 0  # how many windows in that run
-        self.sum, self.steps, self.first = 0.0, 0, None  # the loss of the steps since the last window
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """A step's loss and gradient norm (plain floats)."""
         if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
             raise self._diverged(step, f"loss {values['loss']} and gradient norm {values['grad_norm']}")
-        self.sum, self.steps = self.sum + values["loss"], self.steps + 1
-        self.first = step if self.first is None else self.first
 
-    def window(self, step: int) -> None:
-        """A log window ends at `step`: its mean loss is checked against both bounds."""
-        if not self.steps:
+    def window(self, step: int, mean: float, steps: int) -> None:
+        """A log window of `steps` steps ends at `step` with a mean loss `mean` (TrainWindow's):
+        it is checked against both bounds."""
+        if not steps:
             return
-        self._check_bound(step)
-        mean, first = self.sum / self.steps, self.first
-        self.sum, self.steps, self.first = 0.0, 0, None
+        self._check_bound(step, mean, steps)
         if self.factor and mean > self.factor * self.lowest:
-            self.rising_since = first if self.rising == 0 else self.rising_since
+            self.rising_since = step - steps + 1 if self.rising == 0 else self.rising_since
             self.rising += 1
             if self.rising >= PATIENCE:
                 raise self._diverged(
@@ -84,11 +80,11 @@ class DivergenceCheck:
             self.rising = 0
         self.lowest = min(self.lowest, mean)
 
-    def state(self, step: int, state: TrainState) -> None:
-        """Before a save: the steps since the last window, and the params and optimizer state
-        after the step's update."""
-        if self.steps:
-            self._check_bound(step)
+    def state(self, step: int, state: TrainState, mean: float, steps: int) -> None:
+        """Before a save: the mean loss of the `steps` steps since the last window, and the
+        params and optimizer state after the step's update."""
+        if steps:
+            self._check_bound(step, mean, steps)
         if not bool(_all_finite((state.params, state.opt_state))):
             raise self._diverged(step, "the update left non-finite params or optimizer state (not saved)")
 
@@ -97,12 +93,11 @@ class DivergenceCheck:
         if not all(math.isfinite(result[k]) for k in ("perplexity", "forward_perplexity", "backward_perplexity")):
             raise self._diverged(step, f"the held-out perplexity is not finite ({result['perplexity']})", since=step)
 
-    def _check_bound(self, step: int) -> None:
-        mean = self.sum / self.steps
+    def _check_bound(self, step: int, mean: float, steps: int) -> None:
         if self.factor and mean > self.bound:
             raise self._diverged(
                 step,
-                f"the mean training loss of {_steps(self.first, step)} is {mean:.4g}, above {self.factor:g} x "
+                f"the mean training loss of {_steps(step - steps + 1, step)} is {mean:.4g}, above {self.factor:g} x "
                 f"ln(vocabulary size) = {self.bound:.2f} (a uniform guess scores {self.bound / self.factor:.2f})",
             )
 

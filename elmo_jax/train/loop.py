@@ -162,10 +162,11 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
                 record(*pending)  # this step must be good first
                 pending = None
             if step % t.log_every == 0:
+                loss, steps_in_window = window.mean_loss()
                 window.log(step, epochs_done(data_state, len(train_corpus)))
-                divergence.window(step)
+                divergence.window(step, loss, steps_in_window)
             if must_save:
-                divergence.state(step, state)
+                divergence.state(step, state, *window.mean_loss())
             if stopped:
                 checkpoints.save_and_wait(step, state, data_state, parallel.rows)
             elif must_save:

@@ -79,6 +79,10 @@ class TrainWindow:
         """The window's seconds of stepping: wall time less what was left out."""
         return max(time.monotonic() - self.start - self.excluded, 1e-9)
 
+    def mean_loss(self) -> tuple[float, int]:
+        """The mean loss of the window's steps so far, and how many there are."""
+        return self.sums.get("loss", 0.0) / max(self.steps, 1), self.steps
+
     def add(self, values: dict[str, float]) -> None:
         """One step's metrics as plain floats (loss, loss_forward, loss_backward, grad_norm, tokens)."""
         values = dict(values)
