@@ -88,6 +88,15 @@ def verify_step(step_dir: Path) -> None:
                 raise DamagedCheckpoint(f"{item}/{name} does not match its checksum")
 
 
+def _process_0s(value: int) -> int:
+    """Process 0's `value` on every process: what process 0 decided, for all."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
 def _with_checksums(handler):
     """An Orbax handler whose finalize (after its own, before the checkpoint is committed, that
     is renamed into place) also has process 0 write the item folder's checksums. The instance
@@ -147,10 +156,7 @@ class Checkpoints:
                     )
                     if quarantine:
                         self.set_aside([step], "damaged_checkpoints")
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
+        chosen = _process_0s(chosen)
         self.manager.reload()
         return None if chosen < 0 else chosen
 
@@ -224,11 +230,7 @@ class Checkpoints:
                 size = sum(p.stat().st_size for p in (self.directory / str(latest)).rglob("*") if p.is_file())
             needed, free = int(size * (1 + SPACE_MARGIN)), shutil.disk_usage(self.directory).free
             short, detail = int(free < needed), f"about {needed:,} bytes needed, {free:,} free"
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            short = int(multihost_utils.broadcast_one_to_all(np.int32(short)))
-        if short:
+        if _process_0s(short):
             raise CheckpointSaveError(
                 f"no space for the checkpoint of step {step} in {self.directory} ({detail}); "
                 f"nothing was written, {self._previous(step)}. Free some space (or move the workdir) and run "
