@@ -49,6 +49,10 @@ flags.DEFINE_integer(
     "batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences "
     "per batch (default 64)."
 )  # fmt: skip
+flags.DEFINE_string(
+    "model", None, "A published model by name (small, medium, original, original_5.5b) or the URL of its "
+    "..._options.json: downloaded once into $ELMO_JAX_MODEL_CACHE (default $XDG_CACHE_HOME/elmo_jax/models)."
+)  # fmt: skip
 flags.DEFINE_string("options", None, "bilm-tf options.json.")
 flags.DEFINE_string("weights", None, "bilm-tf weights.hdf5.")
 flags.DEFINE_string(
@@ -265,15 +269,29 @@ def cmd_eval() -> None:
     print(strict_json.dumps(result))
 
 
+def _model_flags(command: str, folder_flag: str | None) -> tuple[str | None, str | None, str | None]:
+    """(a folder or published model, options, weights) from --model, --FOLDER_FLAG or --options
+    and --weights: exactly one of the three ways."""
+    folder = FLAGS[folder_flag].value if folder_flag else None
+    ways = [FLAGS.model is not None, folder is not None, FLAGS.options is not None or FLAGS.weights is not None]
+    alternatives = " | ".join(
+        ([f"--{folder_flag}=DIR"] if folder_flag else []) + ["--model=NAME|URL", "--options=FILE --weights=FILE"]
+    )
+    if sum(ways) != 1 or (ways[2] and (FLAGS.options is None or FLAGS.weights is None)):
+        raise UserError(f"give one model: {alternatives}; {_usage(command)}")
+    return FLAGS.model or folder, FLAGS.options, FLAGS.weights
+
+
 def cmd_import() -> None:
     from elmo_jax.model_io import load_model, save_imported
 
-    model = load_model(options=FLAGS.options, weights=FLAGS.weights)
-    save_imported(model, FLAGS.output, FLAGS.overwrite, (FLAGS.options, FLAGS.weights))
+    source, options, weights = _model_flags("import", None)
+    model = load_model(source, options, weights)
+    inputs = (options, weights) if source is None else ()
+    save_imported(model, FLAGS.output, FLAGS.overwrite, inputs)
     log.info(
-        "imported %s + %s into %s (embedding-only: the file holds no softmax)",
-        FLAGS.options,
-        FLAGS.weights,
+        "imported %s into %s (embedding-only: the file holds no softmax)",
+        source or f"{options} + {weights}",
         FLAGS.output,
     )
 
@@ -295,11 +313,10 @@ def cmd_embed() -> None:
     from elmo_jax.model_io import load_model
     from elmo_jax.outputs import check_output
 
-    if FLAGS.workdir is None and (FLAGS.options is None or FLAGS.weights is None):
-        raise UserError(f"give --workdir (a workdir or model folder) or --options and --weights; {_usage('embed')}")
-    inputs = (FLAGS.input, FLAGS.workdir, FLAGS.options, FLAGS.weights)
+    source, options, weights = _model_flags("embed", "workdir")
+    inputs = (FLAGS.input, FLAGS.workdir, options, weights)
     check_output(FLAGS.output, FLAGS.overwrite, inputs, "--output")  # before loading the model
-    model = load_model(FLAGS.workdir, FLAGS.options, FLAGS.weights)
+    model = load_model(source, options, weights)
     n = embed_file(
         model,
         FLAGS.input,
@@ -360,10 +377,10 @@ COMMANDS = {
     ),
     "import": Command(
         cmd_import,
-        "bilm-tf options.json + weights.hdf5 -> a model folder (params checkpoint).",
-        "--options=FILE --weights=FILE --output=DIR [--overwrite]",
-        ("options", "weights", "output", "overwrite"),
-        ("options", "weights", "output"),
+        "bilm-tf options.json + weights.hdf5, or a published model -> a model folder (params checkpoint).",
+        "(--options=FILE --weights=FILE | --model=NAME|URL) --output=DIR [--overwrite]",
+        ("options", "weights", "model", "output", "overwrite"),
+        ("output",),
     ),
     "export": Command(
         cmd_export,
@@ -375,11 +392,13 @@ COMMANDS = {
     "embed": Command(
         cmd_embed,
         "A text file, one sentence a line -> ELMo layers in HDF5 (as `allennlp elmo` writes them).",
-        "--input=FILE --output=FILE (--workdir=DIR | --options=FILE --weights=FILE) [--layers=all|top|average]",
+        "--input=FILE --output=FILE (--workdir=DIR | --model=NAME|URL | --options=FILE --weights=FILE) "
+        "[--layers=all|top|average]",
         (
             "input",
             "output",
             "workdir",
+            "model",
             "options",
             "weights",
             "layers",

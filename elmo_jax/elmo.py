@@ -39,8 +39,10 @@ class Elmo(nnx.Module):
     """Char ids (B, T, 50) -> {"elmo_representations": [num_output_representations x (B, T, 2P)],
     "mask": (B, T), "word_emb", "lstm_outputs1", ..., "elmo", "default"}.
 
-    `source` is a training workdir, an imported or exported folder, a folder of bilm-tf files
-    under their published names, or a loaded `Model`; or give `options` and `weights` files.
+    `source` is a published model by name (`"original"`, downloaded once into the cache; see
+    elmo_jax/published.py), a training workdir, an imported or exported folder, a folder of
+    bilm-tf files under their published names, or a loaded `Model`; or give `options` and
+    `weights` files.
     Dropout (AllenNLP's default 0.5) applies to each mix in training mode (`elmo.train()`, the
     default for NNX modules) and not after `elmo.eval()`; its random stream is `rngs`
     (default `nnx.Rngs(0)`)."""

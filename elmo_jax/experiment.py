@@ -59,7 +59,7 @@ def base_config(model_options: dict) -> ml_collections.ConfigDict:
     # stop when the loss passes this x ln(vocabulary size), or this x its lowest for 3 log
     # windows (elmo_jax/train/divergence.py); 0 = only a non-finite loss or state stops
     config.train.divergence_factor = 2.0
-    config.train.init_from = ""  # fine-tuning: a workdir or model folder whose weights (and architecture) start the run
+    config.train.init_from = ""  # fine-tuning: a workdir, model folder or published name (original) to start from
 
     config.data = ml_collections.ConfigDict()
     config.data.train = "demo"

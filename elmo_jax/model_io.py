@@ -5,7 +5,9 @@ An imported or exported folder holds `options.json` (the model config), plus `pa
 Orbax checkpoint of the params pytree) for imports, or `weights.hdf5` (bilm-tf layout) and
 `vocab.txt` (when the model has a softmax vocabulary) for exports. A folder of bilm-tf files
 may keep their published names (`elmo_2x4096_512_2048cnn_2xhighway_options.json`,
-`..._weights.hdf5`, `lm_weights.hdf5`): one `*options.json` and one `*weights.hdf5`.
+`..._weights.hdf5`, `lm_weights.hdf5`): one `*options.json` and one `*weights.hdf5`. A published
+model's name (`"original"`) or the URL of its options.json loads from the download cache
+(elmo_jax/published.py).
 
 Params always come back as JAX arrays (on the default device), whatever file they came from, so
 functions that close over them can be jitted.
@@ -26,6 +28,7 @@ from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
 from elmo_jax.outputs import replacing
+from elmo_jax.published import fetch, is_published
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.workdir import Workdir
 
@@ -41,8 +44,11 @@ class Model:
 def load_model(
     path: str | Path | None = None, options: str | Path | None = None, weights: str | Path | None = None
 ) -> Model:
-    """From a training workdir, an imported folder or an exported one (`path`), or from
-    options.json + HDF5."""
+    """From a training workdir, an imported folder or an exported one (`path`), a published
+    model by name or options URL (a str: small, medium, original, original_5.5b; downloaded
+    into the cache), or from options.json + HDF5."""
+    if is_published(path):
+        path = fetch(path)
     if path is None:
         if options is None or weights is None:
             raise UserError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
@@ -92,8 +98,8 @@ def _one_file(folder: Path, suffix: str) -> Path | None:
 
 def model_options(path: str | Path) -> dict:
     """The options.json model dict of a workdir, an imported or an exported folder (read
-    without loading weights)."""
-    path = Path(path)
+    without loading weights), or of a published model (by name or URL: downloaded first)."""
+    path = fetch(path) if is_published(path) else Path(path)
     if Workdir(path).config_json.is_file():
         return Workdir(path).saved()["model"]
     options = _one_file(path, "options.json") if path.is_dir() else None

@@ -12,7 +12,16 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.text import Text
 
 _console: Console | None = None
@@ -64,8 +73,9 @@ class _Rate(ProgressColumn):
 
 class ProgressBar:
     """A bar with the count, the rate and the ETA, and a line of text after them; drawn only on
-    a terminal, by process 0. `done` is where the work starts (a resumed run's step). As a
-    context manager it is closed on the way out."""
+    a terminal, by process 0. `done` is where the work starts (a resumed run's step); with
+    unit="bytes" the count and rate are sizes (kB, MB, ...) and total 0 is unknown. As a context
+    manager it is closed on the way out."""
 
     def __init__(self, total: int, unit: str = "step", done: int = 0):
         import jax
@@ -74,17 +84,19 @@ class ProgressBar:
         console = _terminal() if jax.process_index() == 0 else None
         self._progress = None
         if console is not None:
+            counts = (
+                (DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(), _Rate(unit))
+            )
             self._progress = Progress(
                 BarColumn(),
-                MofNCompleteColumn(),
-                _Rate(unit),
+                *counts,
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 TextColumn("{task.fields[info]}"),
                 console=console,
                 transient=True,
             )
-            self._task = self._progress.add_task("", total=total, completed=done, info="")
+            self._task = self._progress.add_task("", total=total or None, completed=done, info="")
             self._progress.start()
 
     def update(self, done: int, info: str = "") -> None:
