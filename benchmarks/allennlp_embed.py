@@ -163,7 +163,7 @@ def main() -> None:
         report["speedup_vs_baseline_warm"] = round(times["baseline"] / times["ours_warm_cache"], 2)
         report["max_abs_diff_vs_baseline"] = max_difference(out / "ours.h5", out / "baseline.h5", args.sentences)
     for name in ("cold", "warm"):
-        line = next((l for l in logs[name].splitlines() if "tokens/s without compilation" in l), "")
+        line = next((l for l in logs[name].splitlines() if " tokens/s (" in l), "")
         print(f"ours ({name} cache): {times[f'ours_{name}_cache']:.1f} s; {line.split(' ', 1)[-1]}")
     if args.baseline:
         print(f"baseline ({args.baseline}): {times['baseline']:.1f} s")

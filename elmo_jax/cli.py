@@ -64,6 +64,11 @@ flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "Which layers to w
 flags.DEFINE_bool("stateful", False, "Carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
 flags.DEFINE_integer("max_tokens", 8192, "Padded positions (sentences x length) per batch; longer lines run alone.")
 flags.DEFINE_integer("max_sentence_tokens", 100_000, "A line with more tokens is refused (not one sentence).")
+flags.DEFINE_integer("devices", None, "Split each batch's rows over the first N local devices (default: all of them).")
+flags.DEFINE_integer(
+    "num_shards", 1, "Embed only every line i with i % num_shards == shard_index (one process per host)."
+)
+flags.DEFINE_integer("shard_index", 0, "Which share of the lines this process embeds: 0 .. num_shards - 1.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing output (whole, atomically).")
 flags.DEFINE_bool(
     "compile_cache",
@@ -327,6 +332,8 @@ def cmd_embed() -> None:
         max_tokens=FLAGS.max_tokens,
         max_sentence_tokens=FLAGS.max_sentence_tokens,
         overwrite=FLAGS.overwrite,
+        devices=FLAGS.devices,
+        shard=(FLAGS.shard_index, FLAGS.num_shards),
     )
     log.info("embedded %d lines of %s into %s (layers: %s)", n, FLAGS.input, FLAGS.output, FLAGS.layers)
 
@@ -406,6 +413,9 @@ COMMANDS = {
             "max_tokens",
             "max_sentence_tokens",
             "stateful",
+            "devices",
+            "num_shards",
+            "shard_index",
             "overwrite",
         ),
         ("input", "output"),

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.local_devices import LocalDevices
 from elmo_jax.model.bilm import bilm_layers
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.scalar_mix import Frozen, ScalarMix
@@ -45,7 +46,11 @@ class Elmo(nnx.Module):
     `weights` files.
     Dropout (AllenNLP's default 0.5) applies to each mix in training mode (`elmo.train()`, the
     default for NNX modules) and not after `elmo.eval()`; its random stream is `rngs`
-    (default `nnx.Rngs(0)`)."""
+    (default `nnx.Rngs(0)`).
+
+    The biLM's weights are replicated on the first `devices` local devices (None: all), and a
+    call outside any jit splits its batch rows over them (the vectors are those of one device);
+    under the caller's jit, the caller's layout decides."""
 
     def __init__(
         self,
@@ -60,6 +65,7 @@ class Elmo(nnx.Module):
         keep_sentence_boundaries: bool = False,
         scalar_mix_parameters: Sequence[float] | None = None,
         rngs: nnx.Rngs | None = None,
+        devices: int | None = None,
     ):
         model = source if isinstance(source, Model) else load_model(source, options, weights)
         if num_output_representations < 1:
@@ -67,10 +73,11 @@ class Elmo(nnx.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout}: must be in [0, 1)")
         self.config = model.config
+        self.devices = LocalDevices(devices)
         self.requires_grad, self.keep_sentence_boundaries = requires_grad, keep_sentence_boundaries
         kind = nnx.Param if requires_grad else Frozen
         bilm = {"token_encoder": model.params["token_encoder"], "lstm": model.params["lstm"]}
-        self.bilm = nnx.data(jax.tree.map(lambda x: kind(jax.device_put(x)), bilm))
+        self.bilm = nnx.data(jax.tree.map(kind, self.devices.replicate(bilm)))
         layers = model.config.lstm.n_layers + 1
         self.mixes = nnx.List(
             [
@@ -93,6 +100,16 @@ class Elmo(nnx.Module):
         params = jax.tree.map(lambda v: v[...], self.bilm, is_leaf=lambda v: isinstance(v, nnx.Variable))
         return params if self.requires_grad else jax.lax.stop_gradient(params)
 
+    def _layers(self, chars_BTC: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The biLM's layers (L + 1, B, T, 2P) and mask (B, T); outside a jit, the rows split
+        over the devices (padded to a multiple of them, and cut back)."""
+        if isinstance(chars_BTC, jax.core.Tracer) or self.devices.size == 1:
+            return _bilm(self.config)(self.bilm_params(), chars_BTC)
+        B = chars_BTC.shape[0]
+        padded = jnp.pad(chars_BTC, ((0, self.devices.round_up(B) - B), (0, 0), (0, 0)))
+        layers, mask = _bilm(self.config)(self.bilm_params(), jax.device_put(padded, self.devices.sharded_on(0)))
+        return layers[:, :B], mask[:B]
+
     def __call__(self, char_ids_BTC: jax.Array) -> dict:
         C = self.config.char_cnn.max_characters_per_token
         if isinstance(char_ids_BTC, (list, tuple, str)):
@@ -106,7 +123,7 @@ class Elmo(nnx.Module):
                 f"got {char_ids_BTC.dtype} {char_ids_BTC.shape}"
             )
         chars = with_sentence_boundaries(char_ids_BTC)
-        layers, mask = _bilm(self.config)(self.bilm_params(), chars)
+        layers, mask = self._layers(chars)
         mixes = [mix(layers, mask) for mix in self.mixes]
         if not self.keep_sentence_boundaries:
             mask = jnp.any(char_ids_BTC > 0, axis=-1)

@@ -8,8 +8,12 @@ the state row i of the previous batch left (as bilm-tf and AllenNLP do).
 The token layer is context-free, so each call encodes every distinct word of its sentences once
 (`encode_words`: the char CNN, highway layers and projection, over words sorted by length in
 pieces of ENCODER_CHUNK, each piece's character columns cut to its longest word plus the widest
-filter), and the batches gather those vectors for the LSTMs (`layers_of_tokens`). Exact: the
-same layers as `bilm_layers` on the full char ids.
+filter), and the batches gather those vectors for the LSTMs (`lstm_layers_of_streams`), which
+run WINDOW steps per call, carrying their state: one compiled program per batch row count,
+whatever the sentence lengths. Exact: the same layers as `bilm_layers` on the full char ids.
+
+Batch rows are split over this process's devices (`devices`: all by default), params
+replicated; each device runs its own rows, so the vectors are those of one device.
 
 Memory is bounded by tokens, not rows: a stateless batch takes sentences (by length) while its
 padded size stays within `max_tokens` positions, so a very long line runs alone.
@@ -32,7 +36,8 @@ import numpy as np
 from elmo_jax.compile_time import CompileClock
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.model.bilm import layers_of_tokens
+from elmo_jax.local_devices import LocalDevices
+from elmo_jax.model.bilm import lstm_layers_of_streams
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
@@ -49,11 +54,12 @@ log = logging.getLogger(__name__)
 ENCODER_CHUNK = 2048  # words the char CNN encodes at once (its activations dominate memory)
 MAX_TOKENS = 8192  # padded positions (rows x length) per stateless batch
 MAX_SENTENCE_TOKENS = 100_000  # a longer line is refused: most likely not one sentence
+WINDOW = 8  # LSTM steps per call (lengths are padded to a multiple of it)
 
 
 def length_bucket(n: int) -> int:
-    """Padded length for n positions: a multiple of 8, so few shapes get compiled."""
-    return max(8, -(-n // 8) * 8)
+    """Padded length for n positions: a multiple of WINDOW."""
+    return max(WINDOW, -(-n // WINDOW) * WINDOW)
 
 
 def rows_bucket(n: int, batch_size: int) -> int:
@@ -67,21 +73,26 @@ def _jitted_token_encoder(config: ModelConfig):
 
 
 @functools.cache
-def _jitted_layers_of_table(config: ModelConfig):
-    def layers(lstm_params, table_UP, ids_BT, mask_BT, state):
-        return layers_of_tokens(lstm_params, table_UP[ids_BT], mask_BT, state, config)
-
-    return jax.jit(layers)
+def _jitted_lstm_window(config: ModelConfig):
+    return jax.jit(functools.partial(lstm_layers_of_streams, config=config))
 
 
 def encode_words(
-    model: Model, words_UC: np.ndarray, chunk: int = ENCODER_CHUNK, cut_columns: bool = True
+    model: Model,
+    words_UC: np.ndarray,
+    chunk: int = ENCODER_CHUNK,
+    cut_columns: bool = True,
+    devices: LocalDevices | None = None,
+    params=None,
 ) -> np.ndarray:
     """Char ids of distinct words (U, C) -> their token vectors (U, P) float32. Sorted by length
     and encoded `chunk` at a time, each chunk's padding columns cut (`char_columns`: the longest
     word plus the widest filter; exact) unless `cut_columns` is False, and its rows padded to a
-    power of two: compiled once per (rows, columns) shape."""
+    power of two (and to a multiple of the devices, which split them): compiled once per (rows,
+    columns) shape. `params`: the token encoder's, already on `devices` (default: copied there)."""
     config = model.config
+    devices = devices or LocalDevices()
+    params = params if params is not None else devices.replicate(model.params["token_encoder"])
     char_window = config.char_cnn.widest_filter if cut_columns else None
     out = np.zeros((len(words_UC), config.lstm.projection_dim), np.float32)
     order = np.argsort((words_UC != PAD_CHAR + 1).sum(axis=1), kind="stable")
@@ -89,9 +100,9 @@ def encode_words(
     for start in range(0, len(order), chunk):
         rows = order[start : start + chunk]
         words = words_UC[rows]
-        padded = np.zeros((rows_bucket(len(rows), chunk), char_columns(words, char_window)), np.int32)
+        padded = np.zeros((devices.round_up(rows_bucket(len(rows), chunk)), char_columns(words, char_window)), np.int32)
         padded[: len(rows)] = words[:, : padded.shape[1]]
-        out[rows] = np.asarray(encode(model.params["token_encoder"], padded))[: len(rows)]
+        out[rows] = np.asarray(encode(params, jax.device_put(padded, devices.sharded_on(0))))[: len(rows)]
     return out
 
 
@@ -103,14 +114,27 @@ class Embedder:
     last batch of a call is partial, so few shapes get compiled); stateful, consecutive batches
     of `batch_size` rows, row i continuing from the state row i left. Each call encodes its
     distinct words once. Results come back in input order.
+
+    The rows of each batch are split over the first `devices` local devices (None: all), the
+    params replicated on them; the vectors are the same as on one device.
     """
 
-    def __init__(self, model: Model, batch_size: int = 64, stateful: bool = False, max_tokens: int = MAX_TOKENS):
+    def __init__(
+        self,
+        model: Model,
+        batch_size: int = 64,
+        stateful: bool = False,
+        max_tokens: int = MAX_TOKENS,
+        devices: int | None = None,
+    ):
         self.model, self.config = model, model.config
         self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
+        self.devices = LocalDevices(devices)
+        self.params = self.devices.replicate({k: model.params[k] for k in ("token_encoder", "lstm")})
         self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
-        self.state = self._zero_state(batch_size)
+        self.state = self._zero_state(self.devices.round_up(batch_size))
         self.table_rows = 0  # the word table's rows: only grows, so the LSTMs compile once per batch shape
+        self.compiled: set[tuple[int, int]] = set()  # (rows, table rows) of the LSTM programs compiled
 
     def __call__(self, sentences: list[list[str]]) -> list[np.ndarray]:
         batches = self.batches(sentences)
@@ -135,37 +159,86 @@ class Embedder:
         distinct, inverse = np.unique(np.concatenate(cache_rows), return_inverse=True)
         self.table_rows = max(self.table_rows, bucket_size(len(distinct)))
         table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
-        table[: len(distinct)] = encode_words(self.model, self.chars.lookup(distinct))
-        table_UP = jax.device_put(table)
         ends = np.cumsum([len(r) for r in cache_rows])
         positions = np.split(inverse.astype(np.int32), ends[:-1])
-
         order = list(range(n)) if self.stateful else sorted(range(n), key=lambda i: len(sentences[i]))
-        lengths = [len(sentences[i]) for i in order]
-        for start, end in _batches(lengths, self.batch_size, self.stateful, self.max_tokens):
+        spans = list(_batches([len(sentences[i]) for i in order], self.batch_size, self.stateful, self.max_tokens))
+
+        with concurrent.futures.ThreadPoolExecutor(1) as compiler:  # the LSTM programs, while the words are encoded
+            for rows in {self._rows(end - start) for start, end in spans} - {
+                r for r, t in self.compiled if t == len(table)
+            }:
+                compiler.submit(self._compile_lstm, rows, table.shape)
+            words = self.chars.lookup(distinct)
+            table[: len(distinct)] = encode_words(
+                self.model, words, devices=self.devices, params=self.params["token_encoder"]
+            )
+            table_UP = jax.device_put(table, self.devices.replicated)
+        for start, end in spans:
             batch = order[start:end]
-            yield batch, self._run([positions[i] for i in batch], table_UP)
+            yield batch, self._run([positions[i] for i in batch], table, table_UP)
+
+    def _rows(self, sentences: int) -> int:
+        """The rows of a batch of this many sentences."""
+        rows = self.batch_size if self.stateful else rows_bucket(sentences, self.batch_size)
+        return self.devices.round_up(rows)
+
+    def _compile_lstm(self, rows: int, table_shape: tuple[int, int]) -> None:
+        """Compiles the LSTM window program for batches of `rows` (run on the side: `_run`'s
+        calls then find it compiled)."""
+        state = jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))
+        shaped = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
+        args = (
+            jax.tree.map(lambda x: shaped(x, x.sharding), self.params["lstm"]),
+            jax.ShapeDtypeStruct(table_shape, np.float32, sharding=self.devices.replicated),
+            jax.ShapeDtypeStruct((2, rows, WINDOW), np.int32, sharding=self.devices.sharded_on(1)),
+            jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=self.devices.sharded_on(0)),
+            jax.tree.map(lambda x: shaped(x, self.devices.sharded_on(2)), state),
+        )
+        _jitted_lstm_window(self.config).lower(*args).compile()
+        self.compiled.add((rows, table_shape[0]))
 
     def _zero_state(self, rows: int) -> LSTMState:
-        """Zeros in numpy: jnp.zeros would be one more compiled program per shape."""
-        return LSTMState(
-            *(np.zeros(x.shape, np.float32) for x in jax.eval_shape(lambda: LSTMState.zeros(self.config, rows)))
-        )
+        """Zeros in numpy (jnp.zeros would be one more compiled program per shape), rows split
+        over the devices."""
+        shapes = jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))
+        return LSTMState(*(jax.device_put(np.zeros(x.shape, np.float32), self.devices.sharded_on(2)) for x in shapes))
 
-    def _run(self, positions: list[np.ndarray], table_UP: jax.Array) -> list[np.ndarray]:
-        """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array each."""
-        T = length_bucket(max(len(p) for p in positions))
-        rows = self.batch_size if self.stateful else rows_bucket(len(positions), self.batch_size)
-        ids = np.zeros((rows, T), np.int32)
-        mask = np.zeros((rows, T), bool)
-        for i, p in enumerate(positions):
-            ids[i, : len(p)], mask[i, : len(p)] = p, True
-        state = self.state if self.stateful else self._zero_state(rows)
-        layers, state = _jitted_layers_of_table(self.config)(self.model.params["lstm"], table_UP, ids, mask, state)
+    def _run(self, positions: list[np.ndarray], table: np.ndarray, table_UP: jax.Array) -> list[np.ndarray]:
+        """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array
+        each. The LSTMs run WINDOW steps per call, the state carried from window to window."""
+        ids_2BT, mask_BT = padded_streams(positions, self._rows(len(positions)))
+        state = self.state if self.stateful else self._zero_state(mask_BT.shape[0])
+        run, windows = _jitted_lstm_window(self.config), []
+        for start in range(0, mask_BT.shape[1], WINDOW):
+            ids = jax.device_put(ids_2BT[:, :, start : start + WINDOW], self.devices.sharded_on(1))
+            mask = jax.device_put(mask_BT[:, start : start + WINDOW], self.devices.sharded_on(0))
+            out, state = run(self.params["lstm"], table_UP, ids, mask, state)
+            windows.append(out)
         if self.stateful:
             self.state = state
-        layers = np.asarray(layers)
-        return [layers[:, i, 1 : len(p) - 1] for i, p in enumerate(positions)]
+        lstm_L2BTP = np.concatenate([np.asarray(w) for w in windows], axis=3)
+        return [_sentence_layers(table, lstm_L2BTP, i, p) for i, p in enumerate(positions)]
+
+
+def padded_streams(positions: list[np.ndarray], rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each sentence's table rows -> the forward and backward (reversed within the sentence)
+    streams (2, rows, T) and the mask (rows, T), T = length_bucket of the longest."""
+    T = length_bucket(max(len(p) for p in positions))
+    ids = np.zeros((2, rows, T), np.int32)
+    mask = np.zeros((rows, T), bool)
+    for i, p in enumerate(positions):
+        ids[0, i, : len(p)], ids[1, i, : len(p)], mask[i, : len(p)] = p, p[::-1], True
+    return ids, mask
+
+
+def _sentence_layers(table: np.ndarray, lstm_L2BTP: np.ndarray, i: int, p: np.ndarray) -> np.ndarray:
+    """Row i's layers without its boundaries (L + 1, n, 2P): [token | token], then [forward |
+    backward] of each LSTM layer (the backward stream holds the sentence reversed)."""
+    n = len(p)
+    tokens = table[p[1 : n - 1]]
+    lstm = np.concatenate([lstm_L2BTP[:, 0, i, 1 : n - 1], lstm_L2BTP[:, 1, i, n - 2 : 0 : -1]], axis=-1)
+    return np.concatenate([np.concatenate([tokens, tokens], axis=-1)[None], lstm])
 
 
 def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> np.ndarray:
@@ -239,50 +312,54 @@ def embed_file(
     max_tokens: int = MAX_TOKENS,
     max_sentence_tokens: int = MAX_SENTENCE_TOKENS,
     overwrite: bool = False,
+    devices: int | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> int:
     """One whitespace-tokenized sentence a line -> HDF5 as `allennlp elmo` writes it: dataset
     "i" for line i, (L + 1, n, 2P) for `all` or (n, 2P) for `top` / `average`, plus
     `sentence_to_index`. Lines are read in chunks and, unless stateful, sorted by length within
     a chunk and batched by `max_tokens` padded positions; results are written in input order.
     The file is written beside `output_path` and renamed into place when complete; an existing
-    output is refused unless `overwrite`, the input always. Logs sentences/s and tokens/s;
-    returns the number of lines."""
+    output is refused unless `overwrite`, the input always. The batches' rows are split over the
+    first `devices` local devices (None: all). `shard` = (index, count): only the lines i (from
+    0) with i % count == index, one share per process of a multi-host job, each into its own
+    file (the datasets keep their line numbers). Logs sentences/s and tokens/s; returns the
+    number of lines embedded."""
     if layers not in LAYER_MODES:
         raise UserError(f"unknown --layers {layers!r}; expected one of {LAYER_MODES}")
     limits = {"batch_size": batch_size, "max_tokens": max_tokens, "max_sentence_tokens": max_sentence_tokens}
     for name, value in limits.items():
         if value < 1:
             raise UserError(f"--{name}={value}: must be a positive integer")
+    if not 0 <= shard[0] < shard[1]:
+        raise UserError(f"--shard_index={shard[0]} --num_shards={shard[1]}: need 0 <= shard_index < num_shards")
     input_path = Path(input_path)
     if not input_path.is_file():
         raise MissingFile(f"input file not found: {input_path}")
     with replacing(output_path, overwrite, (input_path,), "--output") as tmp:
-        return _embed_lines(
-            model, input_path, tmp, layers, batch_size, stateful, chunk_sentences, max_tokens, max_sentence_tokens
-        )
+        embedder = Embedder(model, batch_size, stateful, max_tokens, devices)
+        return _embed_lines(embedder, input_path, tmp, layers, chunk_sentences, max_sentence_tokens, shard)
 
 
 def _embed_lines(
-    model: Model,
+    embedder: Embedder,
     input_path: Path,
     output_path: Path,
     layers: str,
-    batch_size: int,
-    stateful: bool,
     chunk_sentences: int,
-    max_tokens: int,
     max_sentence_tokens: int,
+    shard: tuple[int, int],
 ) -> int:
+    shard_index, shard_count = shard
     with open(input_path, "rb") as f:
-        total = sum(1 for _ in f)
+        total = len(range(shard_index, sum(1 for _ in f), shard_count))
     bar, clock = ProgressBar(total, unit="lines"), CompileClock()  # compilation is timed apart
-    embedder = Embedder(model, batch_size, stateful, max_tokens)
-    L1, width = model.config.lstm.n_layers + 1, 2 * model.config.lstm.projection_dim
+    L1, width = embedder.config.lstm.n_layers + 1, 2 * embedder.config.lstm.projection_dim
     empty_shape = (L1, 0, width) if layers == "all" else (0, width)
     sentence_to_index: dict[str, str] = {}
     done = n_tokens = 0
     with bar, h5py.File(output_path, "w") as out, _Writer(out) as writer:
-        lines = read_lines(input_path)
+        lines = (line for line in read_lines(input_path) if (line[0] - 1) % shard_count == shard_index)
         while True:
             chunk = [(n - 1, text.split(), text) for n, text in itertools.islice(lines, chunk_sentences)]
             if not chunk:
@@ -302,15 +379,14 @@ def _embed_lines(
             n_tokens += sum(len(c[1]) for c in chunk)
             bar.update(done, f"{n_tokens / bar.elapsed():,.0f} tokens/s")
         writer.put([("sentence_to_index", np.array([json.dumps(sentence_to_index)], dtype=h5py.string_dtype()))])
-    seconds, compiled = bar.elapsed(), clock.since()
-    working = max(seconds - compiled.seconds, 1e-9)
+    seconds = bar.elapsed()
     log.info(
-        "%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s without compilation (%s)",
+        "%d sentences, %d tokens in %.1f s: %.1f sentences/s, %.0f tokens/s (%s, some alongside the work)",
         done,
         n_tokens,
         seconds,
-        done / working,
-        n_tokens / working,
-        compiled,
+        done / seconds,
+        n_tokens / seconds,
+        clock.since(),
     )
     return done

@@ -28,14 +28,15 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
     shapes = []
-    real_layers = embed._jitted_layers_of_table(model.config)
+    real_streams = embed.padded_streams
 
-    def layers(params, table, ids, mask, state):
-        shapes.append(ids.shape)
-        return real_layers(params, table, ids, mask, state)
+    def streams(positions, rows):
+        ids, mask = real_streams(positions, rows)
+        shapes.append(mask.shape)
+        return ids, mask
 
-    monkeypatch.setattr(embed, "_jitted_layers_of_table", lambda config: layers)
-    embed_file(model, src, tmp_path / "out.h5", "all", batch_size=16, max_tokens=256)
+    monkeypatch.setattr(embed, "padded_streams", streams)
+    embed_file(model, src, tmp_path / "out.h5", "all", batch_size=16, max_tokens=256, devices=1)
     assert all(rows * T <= 256 for rows, T in shapes if rows > 1)
     assert (1, length_bucket(3002)) in shapes and max(rows for rows, _ in shapes) == 16
     alone = Embedder(model, batch_size=1)

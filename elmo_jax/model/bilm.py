@@ -68,6 +68,22 @@ def lstm_top(
     return top, state
 
 
+def lstm_layers_of_streams(
+    lstm_params: Params,
+    tokens_UP: jax.Array,
+    ids_2BT: jax.Array,
+    mask_BT: jax.Array,
+    state: LSTMState,
+    config: ModelConfig,
+) -> tuple[jax.Array, LSTMState]:
+    """Encoded tokens (U, P) at the positions of the forward stream and of the backward stream
+    (already reversed within each sentence) (2, B, T), mask (B, T) -> every LSTM layer
+    (L, 2, B, T, P), 0 where masked, and the new state: `layers_of_tokens`'s LSTMs, in a form
+    that runs a window of steps at a time, carrying the state."""
+    x_2BTP = jnp.where(mask_BT[None, :, :, None], tokens_UP[ids_2BT], 0.0)
+    return lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config)
+
+
 def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """Reverses the first lengths[b] steps of each row (axis 1), leaving the padding in place."""
     T = x_BT.shape[1]
