@@ -8,15 +8,17 @@ the state row i of the previous batch left (as bilm-tf and AllenNLP do).
 The token layer is context-free, so each call encodes every distinct word of its sentences once
 (`encode_words`: the char CNN, highway layers and projection, over words sorted by length in
 pieces of ENCODER_CHUNK, each piece's character columns cut to its longest word plus the widest
-filter), and the batches gather those vectors for the LSTMs (`lstm_layers_of_streams`), which
-run WINDOW steps per call, carrying their state: one compiled program per batch row count,
-whatever the sentence lengths. Exact: the same layers as `bilm_layers` on the full char ids.
+filter), and the rows gather those vectors for the LSTMs (`lstm_layers_of_streams`), which
+run WINDOW steps per call, carrying their state: one compiled program per row count, whatever
+the sentence lengths. Stateless, the sentences are packed back to back into the rows of each
+round (`pack_rounds`), the state restarting at each one, so that almost no position is
+padding. Exact: the same layers as `bilm_layers` on the full char ids.
 
-Batch rows are split over this process's devices (`devices`: all by default), params
-replicated; each device runs its own rows, so the vectors are those of one device.
+Rows are split over this process's devices (`devices`: all by default), params replicated;
+each device runs its own rows, so the vectors are those of one device.
 
-Memory is bounded by tokens, not rows: a stateless batch takes sentences (by length) while its
-padded size stays within `max_tokens` positions, so a very long line runs alone.
+Memory is bounded by tokens, not rows: a round holds at most `max_tokens` positions, so a very
+long line runs alone.
 """
 
 from __future__ import annotations
@@ -74,7 +76,10 @@ def _jitted_token_encoder(config: ModelConfig):
 
 @functools.cache
 def _jitted_lstm_window(config: ModelConfig):
-    return jax.jit(functools.partial(lstm_layers_of_streams, config=config))
+    def window(lstm_params, table_UP, ids_2BW, mask_BW, state, reset_BW):
+        return lstm_layers_of_streams(lstm_params, table_UP, ids_2BW, mask_BW, state, config, reset_BW)
+
+    return jax.jit(window)
 
 
 def encode_words(
@@ -161,30 +166,27 @@ class Embedder:
         table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
         ends = np.cumsum([len(r) for r in cache_rows])
         positions = np.split(inverse.astype(np.int32), ends[:-1])
-        order = list(range(n)) if self.stateful else sorted(range(n), key=lambda i: len(sentences[i]))
-        spans = list(_batches([len(sentences[i]) for i in order], self.batch_size, self.stateful, self.max_tokens))
+        rounds = pack_rounds([len(p) for p in positions], self.batch_size, self.max_tokens, self.stateful)
 
         with concurrent.futures.ThreadPoolExecutor(1) as compiler:  # the LSTM programs, while the words are encoded
-            for rows in {self._rows(end - start) for start, end in spans} - {
-                r for r, t in self.compiled if t == len(table)
-            }:
+            done = {rows for rows, table_rows in self.compiled if table_rows == len(table)}
+            for rows in {self._rows(len(lanes)) for lanes in rounds} - done:
                 compiler.submit(self._compile_lstm, rows, table.shape)
             words = self.chars.lookup(distinct)
             table[: len(distinct)] = encode_words(
                 self.model, words, devices=self.devices, params=self.params["token_encoder"]
             )
             table_UP = jax.device_put(table, self.devices.replicated)
-        for start, end in spans:
-            batch = order[start:end]
-            yield batch, self._run([positions[i] for i in batch], table, table_UP)
+        for lanes in rounds:
+            yield [i for lane in lanes for i in lane], self._run(lanes, positions, table, table_UP)
 
-    def _rows(self, sentences: int) -> int:
-        """The rows of a batch of this many sentences."""
-        rows = self.batch_size if self.stateful else rows_bucket(sentences, self.batch_size)
+    def _rows(self, lanes: int) -> int:
+        """The rows of a round of this many lanes."""
+        rows = self.batch_size if self.stateful else rows_bucket(lanes, self.batch_size)
         return self.devices.round_up(rows)
 
     def _compile_lstm(self, rows: int, table_shape: tuple[int, int]) -> None:
-        """Compiles the LSTM window program for batches of `rows` (run on the side: `_run`'s
+        """Compiles the LSTM window program for rounds of `rows` (run on the side: `_run`'s
         calls then find it compiled)."""
         state = jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))
         shaped = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
@@ -194,6 +196,7 @@ class Embedder:
             jax.ShapeDtypeStruct((2, rows, WINDOW), np.int32, sharding=self.devices.sharded_on(1)),
             jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=self.devices.sharded_on(0)),
             jax.tree.map(lambda x: shaped(x, self.devices.sharded_on(2)), state),
+            jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=self.devices.sharded_on(0)),
         )
         _jitted_lstm_window(self.config).lower(*args).compile()
         self.compiled.add((rows, table_shape[0]))
@@ -204,41 +207,97 @@ class Embedder:
         shapes = jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))
         return LSTMState(*(jax.device_put(np.zeros(x.shape, np.float32), self.devices.sharded_on(2)) for x in shapes))
 
-    def _run(self, positions: list[np.ndarray], table: np.ndarray, table_UP: jax.Array) -> list[np.ndarray]:
-        """One batch: each sentence's table rows (with boundaries) -> one (L + 1, n, 2P) array
-        each. The LSTMs run WINDOW steps per call, the state carried from window to window."""
-        ids_2BT, mask_BT = padded_streams(positions, self._rows(len(positions)))
+    def _run(
+        self, lanes: list[list[int]], positions: list[np.ndarray], table: np.ndarray, table_UP: jax.Array
+    ) -> list[np.ndarray]:
+        """One round: sentences packed into rows (`lanes`: the sentence indices of each row, back
+        to back) -> one (L + 1, n, 2P) array per sentence, in the lanes' order. The LSTMs run
+        WINDOW steps per call, the state carried from window to window and restarted at each
+        sentence a row holds after its first."""
+        ids_2BT, mask_BT, reset_BT, slots = padded_streams(
+            [[positions[i] for i in lane] for lane in lanes], self._rows(len(lanes))
+        )
         state = self.state if self.stateful else self._zero_state(mask_BT.shape[0])
         run, windows = _jitted_lstm_window(self.config), []
+        on_rows = self.devices.sharded_on(0)
         for start in range(0, mask_BT.shape[1], WINDOW):
-            ids = jax.device_put(ids_2BT[:, :, start : start + WINDOW], self.devices.sharded_on(1))
-            mask = jax.device_put(mask_BT[:, start : start + WINDOW], self.devices.sharded_on(0))
-            out, state = run(self.params["lstm"], table_UP, ids, mask, state)
+            window = slice(start, start + WINDOW)
+            ids = jax.device_put(ids_2BT[:, :, window], self.devices.sharded_on(1))
+            mask, reset = jax.device_put(mask_BT[:, window], on_rows), jax.device_put(reset_BT[:, window], on_rows)
+            out, state = run(self.params["lstm"], table_UP, ids, mask, state, reset)
             windows.append(out)
         if self.stateful:
             self.state = state
         lstm_L2BTP = np.concatenate([np.asarray(w) for w in windows], axis=3)
-        return [_sentence_layers(table, lstm_L2BTP, i, p) for i, p in enumerate(positions)]
+        sentences = [positions[i] for lane in lanes for i in lane]
+        return [_sentence_layers(table, lstm_L2BTP, row, start, p) for (row, start), p in zip(slots, sentences)]
 
 
-def padded_streams(positions: list[np.ndarray], rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each sentence's table rows -> the forward and backward (reversed within the sentence)
-    streams (2, rows, T) and the mask (rows, T), T = length_bucket of the longest."""
-    T = length_bucket(max(len(p) for p in positions))
+def pack_rounds(lengths: list[int], batch_size: int, max_tokens: int, stateful: bool) -> list[list[list[int]]]:
+    """Sentences of these lengths (positions, with boundaries) -> rounds of rows ("lanes"), each
+    row a list of sentence indices that run back to back. Stateful: consecutive sentences, one a
+    row, batch_size rows a round. Stateless: the longest first, each into the first row with
+    room, rows as long as the longest left or an even share of what is left, so that rows are
+    nearly full; a round holds at most max_tokens padded positions (at most batch_size rows), a
+    very long sentence alone."""
+    if stateful:
+        return [
+            [[i] for i in range(start, min(start + batch_size, len(lengths)))]
+            for start in range(0, len(lengths), batch_size)
+        ]
+    rounds, left = [], sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    while left:
+        share = -(-sum(lengths[i] for i in left) // batch_size)
+        room = length_bucket(max(lengths[left[0]], min(share, max_tokens // batch_size)))
+        rows = min(batch_size, 1 << max(max_tokens // room, 1).bit_length() - 1)  # a power of two
+        lanes, fills, later = [], [], []
+        for i in left:
+            row = next((r for r, fill in enumerate(fills) if fill + lengths[i] <= room), None)
+            if row is None and len(lanes) < rows:
+                row = len(lanes)
+                lanes.append([])
+                fills.append(0)
+            if row is None:
+                later.append(i)
+            else:
+                lanes[row].append(i)
+                fills[row] += lengths[i]
+        rounds.append(lanes)
+        left = later
+    return rounds
+
+
+def padded_streams(lanes: list[list[np.ndarray]], rows: int) -> tuple[np.ndarray, ...]:
+    """The table rows of the sentences of each row, back to back -> the forward stream and the
+    backward one (each sentence reversed in place) (2, rows, T), the mask and where the state
+    restarts (rows, T), T = length_bucket of the longest row, and each sentence's (row, first
+    position), in the lanes' order."""
+    T = length_bucket(max(sum(len(p) for p in lane) for lane in lanes))
     ids = np.zeros((2, rows, T), np.int32)
-    mask = np.zeros((rows, T), bool)
-    for i, p in enumerate(positions):
-        ids[0, i, : len(p)], ids[1, i, : len(p)], mask[i, : len(p)] = p, p[::-1], True
-    return ids, mask
+    mask, reset = np.zeros((rows, T), bool), np.zeros((rows, T), bool)
+    slots = []
+    for row, lane in enumerate(lanes):
+        start = 0
+        for p in lane:
+            end = start + len(p)
+            ids[0, row, start:end], ids[1, row, start:end], mask[row, start:end] = p, p[::-1], True
+            reset[row, start] = start > 0
+            slots.append((row, start))
+            start = end
+    return ids, mask, reset, slots
 
 
-def _sentence_layers(table: np.ndarray, lstm_L2BTP: np.ndarray, i: int, p: np.ndarray) -> np.ndarray:
-    """Row i's layers without its boundaries (L + 1, n, 2P): [token | token], then [forward |
-    backward] of each LSTM layer (the backward stream holds the sentence reversed)."""
+def _sentence_layers(table: np.ndarray, lstm_L2BTP: np.ndarray, row: int, start: int, p: np.ndarray) -> np.ndarray:
+    """The layers of the sentence at `start` in `row`, without its boundaries (L + 1, n, 2P):
+    [token | token], then [forward | backward] of each LSTM layer (the backward stream holds the
+    sentence reversed in place)."""
     n = len(p)
     tokens = table[p[1 : n - 1]]
-    lstm = np.concatenate([lstm_L2BTP[:, 0, i, 1 : n - 1], lstm_L2BTP[:, 1, i, n - 2 : 0 : -1]], axis=-1)
-    return np.concatenate([np.concatenate([tokens, tokens], axis=-1)[None], lstm])
+    forward = lstm_L2BTP[:, 0, row, start + 1 : start + n - 1]
+    backward = lstm_L2BTP[:, 1, row, start + n - 2 : start : -1]
+    return np.concatenate(
+        [np.concatenate([tokens, tokens], axis=-1)[None], np.concatenate([forward, backward], axis=-1)]
+    )
 
 
 def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> np.ndarray:
@@ -283,22 +342,6 @@ def _select(layers: np.ndarray, mode: str) -> np.ndarray:
     if mode == "top":
         return layers[-1]
     return layers.mean(axis=0)
-
-
-def _batches(lengths: list[int], batch_size: int, stateful: bool, max_tokens: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of consecutive batches over sentences of these token counts (ascending
-    unless stateful): stateful ones of batch_size rows; stateless ones as many (up to
-    batch_size) as fit in max_tokens padded positions, at least one."""
-    start = 0
-    while start < len(lengths):
-        end = start + 1
-        while end < len(lengths) and end - start < batch_size:
-            longest = lengths[end]  # ascending: the newest is the longest
-            if not stateful and rows_bucket(end + 1 - start, batch_size) * length_bucket(longest + 2) > max_tokens:
-                break
-            end += 1
-        yield start, end
-        start = end
 
 
 def embed_file(

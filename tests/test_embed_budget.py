@@ -30,15 +30,15 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
     shapes = []
     real_streams = embed.padded_streams
 
-    def streams(positions, rows):
-        ids, mask = real_streams(positions, rows)
+    def streams(lanes, rows):
+        ids, mask, reset, slots = real_streams(lanes, rows)
         shapes.append(mask.shape)
-        return ids, mask
+        return ids, mask, reset, slots
 
     monkeypatch.setattr(embed, "padded_streams", streams)
     embed_file(model, src, tmp_path / "out.h5", "all", batch_size=16, max_tokens=256, devices=1)
     assert all(rows * T <= 256 for rows, T in shapes if rows > 1)
-    assert (1, length_bucket(3002)) in shapes and max(rows for rows, _ in shapes) == 16
+    assert (1, length_bucket(3002)) in shapes and max(rows for rows, _ in shapes) <= 16
     alone = Embedder(model, batch_size=1)
     with h5py.File(tmp_path / "out.h5") as f:
         for i in (0, 17, 39):
@@ -47,6 +47,24 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
     with pytest.raises(UserError, match=r"in.txt: line 18 has 3,000 tokens, more than --max_sentence_tokens=2,999"):
         embed_file(model, src, tmp_path / "refused.h5", "all", max_sentence_tokens=2999)
     assert not (tmp_path / "refused.h5").exists()
+
+
+def test_rounds_pack_rows_nearly_full_within_the_budget():
+    rng = np.random.default_rng(2)
+    lengths = [int(n) for n in rng.integers(3, 40, size=500)] + [700]
+    rounds = embed.pack_rounds(lengths, 32, 2048, stateful=False)
+    placed = sorted(i for lanes in rounds for lane in lanes for i in lane)
+    assert placed == list(range(len(lengths)))  # each sentence once
+    padded = 0
+    for lanes in rounds:
+        T = length_bucket(max(sum(lengths[i] for i in lane) for lane in lanes))
+        rows = rows_bucket(len(lanes), 32)
+        assert rows * T <= 2048 or len(lanes) == 1
+        padded += rows * T
+    longest = next(lanes for lanes in rounds if any(500 in lane for lane in lanes))
+    assert len(longest) <= 2048 // length_bucket(700)  # the rows its round can afford
+    assert padded < 1.05 * sum(lengths)  # packed back to back: little padding
+    assert embed.pack_rounds([5, 6, 7], 2, 2048, stateful=True) == [[[0], [1]], [[2]]]
 
 
 def test_rows_bucket():

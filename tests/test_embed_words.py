@@ -1,6 +1,7 @@
 """The embedding path encodes each distinct word once, with its padding columns cut, and gives the
 same layers as the biLM on the full char ids of every position."""
 
+import dataclasses
 import re
 
 import jax
@@ -37,11 +38,13 @@ def test_words_encoded_in_length_sorted_pieces_equal_the_full_columns(model):
     np.testing.assert_allclose(encode_words(model, chars, chunk=7), full, atol=1e-6)
 
 
-def test_the_embedder_equals_the_biLM_on_every_position(model):
+@pytest.mark.parametrize("schedule", ["layers", "wavefront"])
+def test_the_embedder_equals_the_biLM_on_every_position(model, schedule):
+    model = dataclasses.replace(model, config=dataclasses.replace(model.config, lstm_schedule=schedule))
     rng = np.random.default_rng(1)
     sentences = [words_of_every_length(rng, int(n)) for n in rng.integers(0, 13, size=16)]
     table = CharTable()
-    for stateful in (False, True):
+    for stateful in (False, True):  # stateless: several sentences a row (packed), the state restarting at each
         got = Embedder(model, batch_size=4, max_tokens=64, stateful=stateful)(sentences)
         state = LSTMState.zeros(model.config, 4)
         for start in range(0, len(sentences), 4):

@@ -75,13 +75,15 @@ def lstm_layers_of_streams(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
+    reset_BT: jax.Array | None = None,
 ) -> tuple[jax.Array, LSTMState]:
     """Encoded tokens (U, P) at the positions of the forward stream and of the backward stream
-    (already reversed within each sentence) (2, B, T), mask (B, T) -> every LSTM layer
-    (L, 2, B, T, P), 0 where masked, and the new state: `layers_of_tokens`'s LSTMs, in a form
-    that runs a window of steps at a time, carrying the state."""
+    (each sentence reversed in place) (2, B, T), mask (B, T) -> every LSTM layer (L, 2, B, T, P),
+    0 where masked, and the new state: `layers_of_tokens`'s LSTMs, in a form that runs a window
+    of steps at a time, carrying the state, with several sentences in a row (the state
+    restarts from zero where `reset_BT` is True: each sentence's first position but a row's)."""
     x_2BTP = jnp.where(mask_BT[None, :, :, None], tokens_UP[ids_2BT], 0.0)
-    return lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config)
+    return lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config, reset_BT=reset_BT)
 
 
 def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:

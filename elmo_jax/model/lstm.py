@@ -133,13 +133,15 @@ def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Arra
     return jax.lax.dynamic_update_index_in_dim(buffer, value, s, axis=axis)
 
 
-def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, residuals: bool):
+def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, residuals: bool, reset_BT=None):
     """-> (outputs (L, D, B, T, P), final h (L, D, B, P), final c (L, D, B, C)) and what the
     backward pass reads. Loop step s runs layer l at time s - l for every l (a slot outside
     0..T-1 is masked, so it changes nothing), batched over layers and directions; layer l + 1
     reads what layer l wrote one step earlier. With several layers each step is one batched
     matmul [input; h] @ W_0; one layer (L = 1) runs its input half for all T steps in one matmul
-    before the loop, so that each step reads only the recurrent weights."""
+    before the loop, so that each step reads only the recurrent weights. Where `reset_BT` is
+    True the state restarts from zero (another sentence in the row; inference only, without
+    residuals)."""
     L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
     S = T + L - 1
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
@@ -147,6 +149,11 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
         gates_x_1DBSG = (einsum("dbsp,dpg->dbsg", x_DBSP, W_0[0, :, :P], st.dtype) + b[0, :, None, None])[None]
         W_h = W_0[:, :, P:]  # sliced outside the loop: XLA would slice at every step
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
+    if reset_BT is not None:  # applied to the state a step leaves for the next (slot 0's: before the loop)
+        reset_LBS = _skew(jnp.broadcast_to(reset_BT, (L, B, T)), S, axis=2, fill=False)
+        first = reset_LBS[:, None, :, 0, None]
+        h_LDBP, c_LDBC = jnp.where(first, 0.0, h_LDBP), jnp.where(first, 0.0, c_LDBC)
+        reset_after_LBS = jnp.pad(reset_LBS[:, :, 1:], ((0, 0), (0, 0), (0, 1)))
     keep_KDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)  # K = L - 1: layers >= 1
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     # Saved for the backward pass: each step's unclipped projection, gate activations, unclipped
@@ -177,7 +184,11 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
         out = _layer_outputs(h_new, inputs, m, skip_L)
         saved = (h_raw, acts, c_raw, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
         buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
-        return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out if L > 1 else None, buffers
+        h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
+        if reset_BT is not None:
+            restart = reset_after_LBS[:, None, :, s, None]
+            h, c = jnp.where(restart, 0.0, h), jnp.where(restart, 0.0, c)
+        return h, c, out if L > 1 else None, buffers
 
     out = jnp.zeros_like(h_LDBP) if L > 1 else None
     h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, out, buffers), unroll=st.unroll)
@@ -289,6 +300,7 @@ def lstm_stacks(
     config: ModelConfig,
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
+    reset_BT: jax.Array | None = None,
 ) -> tuple[jax.Array, LSTMState]:
     """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state.
 
@@ -297,7 +309,10 @@ def lstm_stacks(
     DropoutWrapper does, and the residual (layers >= 1 with skip connections) adds the
     dropped-out input. Outputs are 0 where mask is False, and masked positions leave the state
     unchanged. Matmuls run in `config.compute_dtype`; `config.scan_unroll` unrolls the time loop; the layers
-    run as `schedule(config)` says, to the same numbers.
+    run as `schedule(config)` says, to the same numbers. `reset_BT` (B, T; bool) restarts the
+    state from zero where True, so that a row can hold several sentences back to back; it is
+    for inference: with it, gradients come from JAX's own differentiation of the loop, not the
+    hand-written one.
     """
     cfg = config.lstm
     st = _Stack(
@@ -320,7 +335,10 @@ def lstm_stacks(
             layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
         keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
         h0, c0 = jnp.swapaxes(state.h[:, first : first + L], 0, 1), jnp.swapaxes(state.c[:, first : first + L], 0, 1)
-        out, h, c = _wavefront(*stacked, layer_in, mask_BT, keep, h0, c0, st)
+        if reset_BT is None:
+            out, h, c = _wavefront(*stacked, layer_in, mask_BT, keep, h0, c0, st)
+        else:
+            (out, h, c), _ = _wave_forward(*stacked, layer_in, mask_BT, keep, h0, c0, st, False, reset_BT)
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
             out = out.at[0].set(jnp.where(mask_BT[None, :, :, None], out[0] + layer_in, 0.0))
         outputs.append(out)
