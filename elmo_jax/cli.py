@@ -62,7 +62,7 @@ flags.DEFINE_string(
 flags.DEFINE_string("input", None, "Text file, one whitespace-tokenized sentence a line.")
 flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "Which layers to write.")
 flags.DEFINE_bool("stateful", False, "Carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
-flags.DEFINE_integer("max_tokens", 8192, "Padded positions (sentences x length) per batch; longer lines run alone.")
+flags.DEFINE_integer("max_tokens", 8192, "Positions (rows x length) per round of rows; a longer line runs alone.")
 flags.DEFINE_integer("max_sentence_tokens", 100_000, "A line with more tokens is refused (not one sentence).")
 flags.DEFINE_integer("devices", None, "Split each batch's rows over the first N local devices (default: all of them).")
 flags.DEFINE_integer(

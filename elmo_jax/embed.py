@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 
 ENCODER_CHUNK = 2048  # words the char CNN encodes at once (its activations dominate memory)
-MAX_TOKENS = 8192  # padded positions (rows x length) per stateless batch
+MAX_TOKENS = 8192  # positions (rows x length) per stateless round of rows
 MAX_SENTENCE_TOKENS = 100_000  # a longer line is refused: most likely not one sentence
 WINDOW = 8  # LSTM steps per call (lengths are padded to a multiple of it)
 
@@ -114,13 +114,13 @@ def encode_words(
 class Embedder:
     """Tokenized sentences -> ELMo layers, one (L + 1, n, 2P) float32 numpy array each.
 
-    Any number of sentences per call: stateless, they are sorted by length and batched (up to
-    `batch_size` rows while rows x padded length stays within `max_tokens`; sorted, only the
-    last batch of a call is partial, so few shapes get compiled); stateful, consecutive batches
-    of `batch_size` rows, row i continuing from the state row i left. Each call encodes its
-    distinct words once. Results come back in input order.
+    Any number of sentences per call: stateless, they are packed back to back into rounds of up
+    to `batch_size` rows and at most `max_tokens` positions (`pack_rounds`), each starting from
+    a zero state; stateful, consecutive batches of `batch_size` rows, one sentence a row, row i
+    continuing from the state row i left. Each call encodes its distinct words once. Results
+    come back in input order; `batches` yields them round by round.
 
-    The rows of each batch are split over the first `devices` local devices (None: all), the
+    The rows of each round are split over the first `devices` local devices (None: all), the
     params replicated on them; the vectors are the same as on one device.
     """
 
@@ -360,8 +360,8 @@ def embed_file(
 ) -> int:
     """One whitespace-tokenized sentence a line -> HDF5 as `allennlp elmo` writes it: dataset
     "i" for line i, (L + 1, n, 2P) for `all` or (n, 2P) for `top` / `average`, plus
-    `sentence_to_index`. Lines are read in chunks and, unless stateful, sorted by length within
-    a chunk and batched by `max_tokens` padded positions; results are written in input order.
+    `sentence_to_index`. Lines are read in chunks and, unless stateful, packed into rows of
+    rounds of at most `max_tokens` positions; results are written in input order.
     The file is written beside `output_path` and renamed into place when complete; an existing
     output is refused unless `overwrite`, the input always. The batches' rows are split over the
     first `devices` local devices (None: all). `shard` = (index, count): only the lines i (from
