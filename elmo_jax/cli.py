@@ -29,6 +29,7 @@ from ml_collections import config_flags
 from elmo_jax import strict_json
 from elmo_jax.errors import RunFailed, UserError
 from elmo_jax.experiment import experiment_file, packaged_experiments
+from elmo_jax.plan.targets import TARGETS
 from elmo_jax.progress import log_handler
 
 FLAGS = flags.FLAGS
@@ -64,7 +65,14 @@ flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "Which layers to w
 flags.DEFINE_bool("stateful", False, "Carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
 flags.DEFINE_integer("max_tokens", 8192, "Positions (rows x length) per round of rows; a longer line runs alone.")
 flags.DEFINE_integer("max_sentence_tokens", 100_000, "A line with more tokens is refused (not one sentence).")
-flags.DEFINE_integer("devices", None, "Split each batch's rows over the first N local devices (default: all of them).")
+flags.DEFINE_integer(
+    "devices", None, "embed: split each batch's rows over the first N local devices (default: all of them); plan: "
+    "the number of devices of the target (default 1)."
+)  # fmt: skip
+flags.DEFINE_enum("target", "h200", list(TARGETS), "The accelerator to compile for (without having one).")
+flags.DEFINE_integer("vocab_size", 793_471, "Words in the softmax table (default: LM1B's, bilm-tf's vocabulary).")
+flags.DEFINE_bool("fit", True, "Also find the largest per-device batch that fits the target's memory (compiles more).")
+flags.DEFINE_string("hlo", None, "Also write the compiled program's text to this file.")
 flags.DEFINE_integer(
     "num_shards", 1, "Embed only every line i with i % num_shards == shard_index (one process per host)."
 )
@@ -352,6 +360,34 @@ def cmd_vocab() -> None:
     print(strict_json.dumps(stats))
 
 
+def cmd_plan() -> None:
+    from elmo_jax.plan.program import quiet_accelerator_plugins
+
+    quiet_accelerator_plugins()
+    from elmo_jax.plan.program import compile_train_step, largest_batch
+    from elmo_jax.plan.report import describe, estimate
+    from elmo_jax.plan.targets import target as find_target
+
+    target, devices = find_target(FLAGS.target), FLAGS.devices or 1
+    rows = FLAGS.config.train.per_device_batch_size
+
+    def compile_at(batch: int):
+        return compile_train_step(FLAGS.config, target, devices, batch, FLAGS.vocab_size)
+
+    step = compile_at(rows)
+    if FLAGS.hlo:
+        Path(FLAGS.hlo).write_text(step.hlo)
+    result = estimate(step, target)
+    if FLAGS.fit:
+        known = {rows: step.needs_bytes}
+        result["largest_batch"] = largest_batch(
+            lambda b: compile_at(b).needs_bytes, result["memory"]["capacity"], known
+        )
+        result["batches_compiled"] = {b: known[b] for b in sorted(known)}
+    print("\n".join(describe(result, target)))
+    print(strict_json.dumps(result))
+
+
 def cmd_plot() -> None:
     from elmo_jax.curves import plot_curves
 
@@ -419,6 +455,14 @@ COMMANDS = {
             "overwrite",
         ),
         ("input", "output"),
+    ),
+    "plan": Command(
+        cmd_plan,
+        "The train step compiled for an accelerator without one: kernels, memory, the largest batch that fits, "
+        "estimated tokens/s and the paper's run in hours (needs elmo_jax[plan]).",
+        "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--config.SECTION.KEY=VALUE ...]",
+        ("config", "target", "devices", "vocab_size", "fit", "hlo"),
+        ("config",),
     ),
     "plot": Command(
         cmd_plot,

@@ -30,6 +30,7 @@ import numpy as np
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
+from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import einsum
 
 
@@ -355,7 +356,7 @@ def schedule(config: ModelConfig) -> str:
     backend (layers on CPU, where weight traffic bounds the loops of the published sizes)."""
     if config.lstm_schedule != "auto":
         return config.lstm_schedule
-    return "layers" if jax.default_backend() == "cpu" else "wavefront"
+    return "layers" if backend() == "cpu" else "wavefront"
 
 
 def dropout_keep_masks(rng: jax.Array, rate: float, n: int, shape: tuple[int, ...]) -> jax.Array:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from elmo_jax.model.backend import backend
+
 
 def result_type(dtype: str):
     """The preferred_element_type of a dot or convolution with `dtype` operands."""
-    return jnp.float32 if dtype == "float32" or jax.default_backend() != "cpu" else None
+    return jnp.float32 if dtype == "float32" or backend() != "cpu" else None
 
 
 def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:

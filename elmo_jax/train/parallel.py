@@ -25,10 +25,12 @@ AXIS = "data"
 
 
 class DataParallel:
-    """The mesh of the first `devices` devices (0 = all) and how arrays are laid out on it."""
+    """The mesh of the first `devices` devices (0 = all) and how arrays are laid out on it.
+    `among`: the devices to take them from (default `jax.devices()`; `elmo_jax.plan` passes a
+    target's abstract devices, to compile for hardware it does not have)."""
 
-    def __init__(self, devices: int = 0):
-        available = jax.devices()
+    def __init__(self, devices: int = 0, among: list | None = None):
+        available = jax.devices() if among is None else among
         n = devices or len(available)
         if not 0 < n <= len(available):
             raise UserError(f"config.train.devices={devices}: this run sees {len(available)} device(s)")

@@ -1,0 +1,137 @@
+"""The train step of an experiment compiled for a target without its devices (XLA's deviceless
+ahead-of-time compilation: the real program, nothing run, no device memory used), its memory,
+and the largest per-device batch that fits, found by compiling."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+
+import ml_collections
+
+from elmo_jax.errors import UserError
+from elmo_jax.plan.targets import Target
+
+INSTALL = "pip install 'elmo_jax[plan]' (Python 3.12 or newer)"
+
+
+@dataclasses.dataclass
+class CompiledStep:
+    hlo: str  # the compiled program's text
+    memory: dict[str, int]  # argument, output, alias, temp bytes per device
+    per_device_batch: int
+    unroll_steps: int
+    devices: int
+    lstm_schedule: str
+    compile_s: float
+
+    @property
+    def needs_bytes(self) -> int:
+        """Device memory the step needs: its arguments, temporaries and the outputs that do not
+        reuse an argument's buffer."""
+        m = self.memory
+        return m["argument"] + m["temp"] + m["output"] - m["alias"]
+
+
+def quiet_accelerator_plugins() -> None:
+    """Before JAX starts its backends: run on the CPU here, so that an installed GPU plugin does
+    not look for a GPU, CUDA and cuDNN, which a deviceless compile does not need."""
+    import jax
+
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+
+def abstract_devices(target: Target, devices: int) -> list:
+    """`devices` abstract devices of the target, to lay a program out on."""
+    from jax.experimental import topologies
+
+    try:
+        return list(topologies.get_topology_desc(**target.topology(devices)).devices)
+    except (NotImplementedError, RuntimeError, ValueError) as e:
+        raise UserError(
+            f"--target={target.name}: JAX cannot compile for {target.platform} on this machine ({e}); {INSTALL}"
+            + (", and libtpu for TPUs" if target.platform == "tpu" else "")
+        ) from None
+
+
+def compile_train_step(
+    config: ml_collections.ConfigDict, target: Target, devices: int, per_device_batch: int, vocab_size: int
+) -> CompiledStep:
+    """The experiment's train step at `per_device_batch` rows per device over `devices` of the
+    target, the softmax table of `vocab_size` rows laid out as the config says."""
+    import jax
+
+    from elmo_jax.experiment import model_config, train_hparams
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.lstm import schedule
+    from elmo_jax.text.batcher import round_up
+    from elmo_jax.train.parallel import DataParallel
+    from elmo_jax.train.step import abstract_train_state, make_train_step
+    from elmo_jax.workdir import softmax_table_rows
+
+    with config.unlocked():
+        config.train.per_device_batch_size = per_device_batch
+        config.train.devices = devices
+    parallel = DataParallel(devices, among=abstract_devices(target, devices))
+    with tracing_for("gpu" if target.platform == "cuda" else "tpu"):
+        model = model_config(config)
+        hp = train_hparams(config, vocab_size)
+        rows, T = per_device_batch * devices, hp.unroll_steps
+        table_rows = softmax_table_rows(config, vocab_size)
+        state = abstract_train_state(model, hp, rows, table_rows, parallel, config.train.shard_softmax)
+        # The batcher's word table: one row per distinct word, at most one per position.
+        words = round_up(min(rows * T, vocab_size), 8 * devices)
+        batch = parallel.abstract_batch(rows, T, words, model.char_cnn.max_characters_per_token)
+        step = make_train_step(model, hp, parallel, jax.tree.map(lambda a: a.sharding, state))
+        start = time.perf_counter()
+        compiled = step.lower(state, batch).compile()
+        seconds = time.perf_counter() - start
+        lstm_schedule = schedule(model)
+    stats = compiled.memory_analysis()
+    memory = {key: int(getattr(stats, f"{key}_size_in_bytes")) for key in ("argument", "output", "alias", "temp")}
+    return CompiledStep(compiled.as_text(), memory, per_device_batch, T, devices, lstm_schedule, seconds)
+
+
+def largest_batch(
+    needs: Callable[[int], int], capacity: float, known: dict[int, int], multiple: int = 8, limit: int = 1 << 16
+) -> int:
+    """The largest per-device batch, a multiple of `multiple` up to `limit`, whose `needs(rows)`
+    bytes fit in `capacity` (0 when none does). `known` holds the needs already compiled, and
+    gains each one compiled here: the search guesses from the line through the two nearest
+    known sizes and brackets the answer with compiled sizes, so that it is found, not guessed."""
+
+    def need(rows: int) -> int:
+        if rows not in known:
+            known[rows] = needs(rows)
+        return known[rows]
+
+    fits, fails = 0, limit + multiple
+    for rows, bytes_ in known.items():
+        if bytes_ <= capacity:
+            fits = max(fits, rows)
+        else:
+            fails = min(fails, rows)
+    if fits == 0 and fails > multiple:
+        fits = multiple if need(multiple) <= capacity else 0
+        if fits == 0:
+            return 0
+    while fails - fits > multiple:
+        lo, hi = sorted(known)[0], max(known)
+        pair = sorted(known, key=lambda r: abs(r - fits))[:2]
+        if len(pair) == 2 and pair[0] != pair[1]:
+            lo, hi = sorted(pair)
+        slope = (known[hi] - known[lo]) / (hi - lo) if hi != lo else 0.0
+        guess = fits * 2 if slope <= 0 else fits + (capacity - known[fits]) / slope
+        guess = int(guess) // multiple * multiple
+        guess = min(max(guess, fits + multiple), fails - multiple, limit)
+        if need(guess) <= capacity:
+            fits = guess
+            if fits == limit:
+                return limit
+        else:
+            fails = guess
+    return fits

@@ -1,0 +1,111 @@
+"""What `elmo-jax plan` prints: a compiled step's kernels, memory and estimated time on its
+target, and the paper's run at that rate (docs/PERFORMANCE.md, "Projected time of the paper's
+run")."""
+
+from __future__ import annotations
+
+from elmo_jax import hlo
+from elmo_jax.plan.kernels import Program, summarize, top
+from elmo_jax.plan.program import CompiledStep
+from elmo_jax.plan.targets import Target
+
+PAPER_TOKENS = 7.69e9  # 10 passes over LM1B's 768,648,884 training tokens
+
+
+def estimate(step: CompiledStep, target: Target) -> dict:
+    """Everything `plan` reports, as one JSON-able dict. Times are floors from the program's
+    shapes (each kernel: max(FLOPs / peak for its dtype, bytes / bandwidth) + one launch);
+    the collectives take 2 (n - 1) / n x their bytes over the link, not overlapped."""
+    kernels = Program(step.hlo).kernels()
+    local = [k for k in kernels if k.part != "collectives"]
+    totals = summarize(local, target)
+    loops = hlo.loops(step.hlo)
+    comm = hlo.communication_bytes(step.hlo)
+    n = step.devices
+    comm_s = 2 * (n - 1) / n * sum(comm.values()) / target.link_bytes_per_s
+    step_s = totals["total"]["seconds"] + comm_s
+    tokens = step.per_device_batch * step.unroll_steps * n
+    flops = totals["total"]["flops"]
+    compute_s = sum(k.runs * k.flops / target.peak(k.dtype) for k in local if k.flops)
+    capacity = target.memory_bytes * target.usable_memory
+    return {
+        "target": target.name,
+        "devices": n,
+        "per_device_batch": step.per_device_batch,
+        "unroll_steps": step.unroll_steps,
+        "lstm_schedule": step.lstm_schedule,
+        "compile_s": round(step.compile_s, 1),
+        "kernels": {
+            "per_step": sum(k.runs for k in kernels),
+            "outside_loops": sum(1 for k in kernels if k.runs == 1),
+            "loops": [
+                {
+                    "source": loop["source"],
+                    "trips": (loop["trip_count"] or 0) * loop["outer_trips"],
+                    "kernels_per_iteration": sum(loop["ops"].values()),
+                    "matmul": loop["matmul"],
+                }
+                for loop in loops
+            ],
+        },
+        "memory": {**step.memory, "needs": step.needs_bytes, "capacity": int(capacity)},
+        "flops": flops,
+        "hbm_bytes": totals["total"]["bytes"],
+        "compute_floor_s": compute_s,
+        "memory_floor_s": totals["total"]["bytes"] / target.hbm_bytes_per_s,
+        "launches_s": totals["total"]["kernels"] * target.launch_s,
+        "collective_bytes": comm,
+        "collectives_s": comm_s,
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "paper_hours": PAPER_TOKENS / (tokens / step_s) / 3600,
+        "parts": totals["parts"],
+        "top_kernels": top(local, target),
+    }
+
+
+def describe(result: dict, target: Target) -> list[str]:
+    """The lines printed above the JSON."""
+    r, GB = result, 1e9
+    m, k = r["memory"], r["kernels"]
+    loops = "; ".join(
+        f"{loop['trips']} x {loop['kernels_per_iteration']} ({_scope(loop['source'])}"
+        f"{', matmuls' if loop['matmul'] else ''})"
+        for loop in sorted(k["loops"], key=lambda loop: -loop["trips"] * loop["kernels_per_iteration"])
+    )
+    lines = [
+        f"{target.description} x {r['devices']}, {r['per_device_batch']} rows per device x {r['unroll_steps']} steps, "
+        f"{r['lstm_schedule']} LSTM schedule (compiled in {r['compile_s']:.0f} s, without the device)",
+        f"kernels per step: {k['per_step']:,} ({k['outside_loops']} outside loops; loop iterations x kernels: {loops})",
+        f"device memory: arguments {m['argument'] / GB:.2f} GB, temporaries {m['temp'] / GB:.2f} GB, outputs "
+        f"{m['output'] / GB:.2f} GB ({m['alias'] / GB:.2f} GB of them in the arguments' buffers): needs "
+        f"{m['needs'] / GB:.2f} GB of {m['capacity'] / GB:.1f} GB usable"
+        + (" (does not fit)" if m["needs"] > m["capacity"] else ""),
+    ]
+    if "largest_batch" in r:
+        lines.append(
+            f"largest per-device batch that fits: {r['largest_batch']} rows (compiled: {r['batches_compiled']})"
+        )
+    lines += [
+        f"per step: {r['flops'] / 1e12:.2f} TFLOP, {r['hbm_bytes'] / GB:.1f} GB of HBM traffic; floors: compute "
+        f"{r['compute_floor_s'] * 1e3:.1f} ms, memory {r['memory_floor_s'] * 1e3:.1f} ms, launches "
+        f"{r['launches_s'] * 1e3:.1f} ms, collectives {r['collectives_s'] * 1e3:.1f} ms "
+        f"({sum(r['collective_bytes'].values()) / 2**20:.0f} MiB)",
+        f"estimated step {r['step_s'] * 1e3:.1f} ms: {r['tokens_per_s']:,.0f} tokens/s; the paper's run "
+        f"({PAPER_TOKENS:.3g} tokens) in {r['paper_hours']:.1f} hours on {r['devices']} device(s)",
+        "by part (kernels, GB, estimated ms):",
+    ]
+    for name, p in r["parts"].items():
+        lines.append(f"  {name:14s} {p['kernels']:6,d} {p['bytes'] / GB:8.2f} {p['seconds'] * 1e3:8.2f}")
+    lines.append("top kernels (runs, estimated ms, GFLOP and MB per run, dtype, part, JAX op):")
+    for t in r["top_kernels"]:
+        lines.append(
+            f"  {t['runs']:4d} {t['seconds'] * 1e3:7.2f} {t['flops'] / 1e9:8.2f} {t['bytes'] / 1e6:9.1f} "
+            f"{t['dtype'] or '-':5s} {t['part']:12s} {t['source'][-70:] or t['name']}"
+        )
+    return lines
+
+
+def _scope(source: str) -> str:
+    """A loop's JAX op, shortened to the scope it ran in: ".../lstm/while" -> "lstm"."""
+    return source.split("/")[-2] if "/" in source else source
