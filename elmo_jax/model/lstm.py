@@ -148,7 +148,10 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
     if L == 1:
         gates_x_1DBSG = (einsum("dbsp,dpg->dbsg", x_DBSP, W_0[0, :, :P], st.dtype) + b[0, :, None, None])[None]
-        W_h = W_0[:, :, P:]  # sliced outside the loop: XLA would slice at every step
+    # The weights the loop reads (one layer: h's half), sliced and cast here, once: XLA would
+    # slice and convert a loop-invariant weight again at every step.
+    W_loop = (W_0[:, :, P:] if L == 1 else W_0).astype(st.dtype)
+    W_proj_loop = W_proj.astype(st.dtype)
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
     if reset_BT is not None:  # applied to the state a step leaves for the next (slot 0's: before the loop)
         reset_LBS = _skew(jnp.broadcast_to(reset_BT, (L, B, T)), S, axis=2, fill=False)
@@ -168,18 +171,18 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
         h, c, out, buffers = carry  # out: each layer's output of the last step (None for one layer)
         if L == 1:
             inputs = _at_slot(x_DBSP, s, axis=2)[None]
-            z = _at_slot(gates_x_1DBSG, s) + einsum("ldbp,ldpg->ldbg", h, W_h, st.dtype)
+            z = _at_slot(gates_x_1DBSG, s) + einsum("ldbp,ldpg->ldbg", h, W_loop, st.dtype)
         else:
             upper = out[:-1]  # layer l >= 1 reads layer l - 1's output of the last step
             if keep_KDBSP is not None:
                 upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
-            z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_0, st.dtype) + b[:, :, None]
+            z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_loop, st.dtype) + b[:, :, None]
         acts = scale * jnp.tanh(slope * z + offset) + shift
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         c_raw = sf * c + si * tj
         c_new = _clip(c_raw, st.clips.cell)
-        h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj, st.dtype)
+        h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
         h_new = _clip(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
@@ -232,8 +235,9 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     L, D, B, S, P = in_LDBSP.shape
     T = S - L + 1
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
-    W_0_t, W_proj_t = jnp.swapaxes(W_0, 2, 3), jnp.swapaxes(W_proj, 2, 3)
-    W_h_t = W_0_t[:, :, :, P:]
+    W_0_t = jnp.swapaxes(W_0, 2, 3)
+    W_loop_t = (W_0_t[:, :, :, P:] if L == 1 else W_0_t).astype(st.dtype)  # as the forward loop's
+    W_proj_loop_t = jnp.swapaxes(W_proj, 2, 3).astype(st.dtype)
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
     c_new_LDBSC = _clip(c_raw_LDBSC, st.clips.cell)
@@ -252,7 +256,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
         d_h_raw = _clip_grad(d_out + jnp.where(m, d_h, 0.0), h_raw, st.clips.proj)
         tc = _at_slot(tanh_c_LDBSC, s)
-        d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_t, st.dtype)
+        d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_loop_t, st.dtype)
         d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_raw, st.clips.cell)
         d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at_slot(c_prev_LDBSC, s), d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
@@ -260,9 +264,9 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
         saved = (d_gates, d_h_raw)
         if L == 1:  # the input gradient is one matmul after the loop
-            d_h_prev = einsum("ldbg,ldgp->ldbp", d_gates, W_h_t, st.dtype) + jnp.where(m, 0.0, d_h)
+            d_h_prev = einsum("ldbg,ldgp->ldbp", d_gates, W_loop_t, st.dtype) + jnp.where(m, 0.0, d_h)
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
-            d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_0_t, st.dtype)
+            d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_loop_t, st.dtype)
             d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
             d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
             d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
