@@ -1,8 +1,11 @@
 # Everything a fresh machine needs: `make demo` trains the demo model, `make test` runs the tests.
-# Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON)); the demo
+# Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON), 3.12 if found); the demo
 # installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, pytest-xdist,
 # ruff, TFDS).
-PYTHON ?= python3
+# Python 3.12 where the machine has one (on PATH or from pyenv): `elmo-jax plan`'s compiler plugin
+# and its test need it; else python3.
+PY312 := $(shell (python3.12 -c '' && command -v python3.12 || ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) 2>/dev/null | tail -1)
+PYTHON ?= $(or $(PY312),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 

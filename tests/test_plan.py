@@ -1,0 +1,105 @@
+"""`elmo-jax plan`: the demo's train step compiled for an H200 without one, and what the plan
+reads from it. Needs the compiler plugin (`elmo_jax[plan]`, Python 3.12+): skipped without it,
+unless ELMO_JAX_REQUIRE_PLAN=1 (CI), where its absence fails."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from cli import run_cli
+
+from elmo_jax import hlo
+from elmo_jax.plan.kernels import Program
+from elmo_jax.plan.program import largest_batch
+
+
+def _plugin_missing() -> str | None:
+    try:
+        import jax_cuda12_plugin  # noqa: F401
+    except ImportError:
+        return "the plan's compiler plugin is not installed: pip install 'elmo_jax[plan]' (Python 3.12+)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """The demo's step in bfloat16, 32 rows on one H200: the plan's JSON and the program."""
+    missing = _plugin_missing()
+    if missing:
+        if os.environ.get("ELMO_JAX_REQUIRE_PLAN") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    program = tmp_path_factory.mktemp("plan") / "step.hlo"
+    args = ["plan", "--config=demo", "--target=h200", "--vocab_size=2000", "--nofit", f"--hlo={program}"]
+    args += ["--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
+    result = run_cli(args)
+    assert result.returncode == 0, result.stderr
+    assert "NVIDIA H200 x 1, 32 rows per device" in result.stdout
+    return json.loads(result.stdout.strip().splitlines()[-1]), program.read_text()
+
+
+# The demo's sizes (experiments/demo.py): 2 layers, 2 directions, cell 128, projection 64.
+L, D, C, P, B, T = 2, 2, 128, 64, 32, 20
+
+
+def test_plan_counts_the_lstm_loops_kernels_and_flops(planned):
+    plan, _ = planned
+    lstm = [loop for loop in plan["kernels"]["loops"] if loop["matmul"]]
+    assert plan["lstm_schedule"] == "wavefront"  # the accelerators' schedule, though compiled on a CPU
+    assert [loop["trips"] for loop in lstm] == [T + L - 1] * 2  # forward and backward diagonals
+    in_loops = sum(loop["trips"] * loop["kernels_per_iteration"] for loop in plan["kernels"]["loops"])
+    assert plan["kernels"]["per_step"] == plan["kernels"]["outside_loops"] + in_loops
+    # Each loop iteration, forward or backward: the gate matmul [x; h] (2P) -> 4C and the
+    # projection C <-> P, for every layer, direction and row.
+    per_iteration = 2 * L * D * B * (2 * P * 4 * C + C * P)
+    assert plan["parts"]["LSTM loops"]["flops"] == 2 * (T + L - 1) * per_iteration
+
+
+def test_plan_reports_memory_and_a_consistent_estimate(planned):
+    plan, _ = planned
+    m = plan["memory"]
+    assert m["needs"] == m["argument"] + m["temp"] + m["output"] - m["alias"]
+    assert 0 < m["needs"] < m["capacity"] == int(150_754_820_096 * 0.75)
+    assert plan["step_s"] >= max(plan["compute_floor_s"], plan["memory_floor_s"], plan["launches_s"])
+    assert plan["tokens_per_s"] == pytest.approx(B * T / plan["step_s"])
+    assert plan["paper_hours"] == pytest.approx(7.69e9 / plan["tokens_per_s"] / 3600)
+
+
+def test_no_lstm_weight_is_converted_inside_a_loop(planned):
+    """The bfloat16 weights are cast once per step, before the loops, not at every iteration:
+    every conversion inside the LSTM loops is of an activation (B rows)."""
+    _, text = planned
+    program = Program(text)
+    weights = set()
+    for rows, cols in ((2 * P, 4 * C), (P, 4 * C), (C, P)):
+        weights |= {(L, D, rows, cols), (L, D, cols, rows), (D, rows, cols), (D, cols, rows)}
+    converted = []
+    for loop in hlo.loops(text):
+        if loop["matmul"]:
+            for name in loop["computations"]:
+                for inst in program.computations.get(name, []):
+                    if inst.opcode == "convert":
+                        converted.append(
+                            tuple(int(d) for d in program.type(inst.operands[0]).split("[")[1].split("]")[0].split(","))
+                        )
+    assert converted, "no conversion found at all: the loops or the parsing changed"
+    assert not [shape for shape in converted if shape in weights]
+
+
+def test_largest_batch_is_bracketed_by_compiled_sizes():
+    capacity = 10_000
+    compiled = []
+
+    def needs(rows: int) -> int:  # a fixed part and a slightly convex per-row part
+        compiled.append(rows)
+        return 1_000 + 30 * rows + rows * rows // 100
+
+    known = {64: needs(64)}
+    best = largest_batch(needs, capacity, known)
+    assert needs(best) <= capacity < needs(best + 8) and best % 8 == 0
+    assert best in known and best + 8 in known  # found by compiling both sides, not guessed
+    assert len(known) <= 8
+    assert largest_batch(lambda rows: capacity + 1, capacity, {}) == 0
+    assert largest_batch(lambda rows: 1, capacity, {}, limit=1024) == 1024
