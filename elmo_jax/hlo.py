@@ -18,7 +18,7 @@ _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _MATMUL = re.compile(r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__onednn\$matmul)")
 _COLLECTIVE = re.compile(
-    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
 )
 _ARRAY = re.compile(r"(pred|[suf]\d+|bf16)\[([\d,]*)\]")
 _BYTES = {"pred": 1, "bf16": 2}
@@ -124,16 +124,31 @@ def recurrence(hlo_text: str) -> dict:
 def communication_bytes(hlo_text: str) -> dict[str, int]:
     """Bytes that a compiled program's collectives produce, per collective kind: the result size
     of every all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute (async
-    pairs counted once). Each op counts once: see `collectives_in_loops` for ops that run once
-    per loop iteration."""
+    pairs counted once, by their results). Each op counts once: see `collectives_in_loops` for
+    ops that run once per loop iteration."""
     totals: dict[str, int] = {}
     for match in _COLLECTIVE.finditer(hlo_text):
-        size = 0
-        for dtype, dims in _ARRAY.findall(match["shape"]):
+        size, shape = 0, match["shape"]
+        if match["start"] and shape.startswith("("):
+            shape = _tuple_elements(shape)[1]  # an async start's tuple: (operands, results, ...)
+        for dtype, dims in _ARRAY.findall(shape):
             itemsize = _BYTES.get(dtype) or int(dtype[1:]) // 8
             size += itemsize * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
         totals[match["op"]] = totals.get(match["op"], 0) + size
     return totals
+
+
+def _tuple_elements(shape: str) -> list[str]:
+    """The top-level elements of a tuple shape: "((f32[8]), f32[64])" -> ["(f32[8])", "f32[64]"]."""
+    elements, depth, start = [], 0, 1
+    for i, c in enumerate(shape):
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(c, 0)
+        if (c == "," and depth == 1) or depth == 0:
+            elements.append(shape[start:i].strip())
+            start = i + 1
+            if depth == 0:
+                break
+    return elements
 
 
 def collectives_in_loops(hlo_text: str) -> list[str]:

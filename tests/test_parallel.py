@@ -90,6 +90,19 @@ def test_communication_does_not_grow_with_the_vocabulary(shard_softmax):
     assert sum(large.values()) < 16_000 * CONFIG.lstm.projection_dim * 4 / 4
 
 
+def test_async_collectives_count_their_results_once():
+    """A GPU program's collectives are async pairs whose start returns (operands, results): only
+    the results count, whatever the layouts' commas."""
+    program = """
+  %ar = ((f32[1000]{0}, s32[2]{0}), (f32[1000]{0}, s32[2]{0})) all-reduce-start(%a, %b), channel_id=1
+  %ard = (f32[1000]{0}, s32[2]{0}) all-reduce-done(%ar)
+  %ag = ((f32[4,2]{1,0}), f32[32,2]{1,0}) all-gather-start(%c), dimensions={0}
+  %agd = f32[32,2]{1,0} all-gather-done(%ag)
+  %sync = bf16[10,3]{1,0} all-reduce(%d), to_apply=%add
+"""
+    assert communication_bytes(program) == {"all-reduce": 4000 + 8 + 60, "all-gather": 256}
+
+
 @pytest.mark.parametrize("schedule", ["wavefront", "layers"])
 def test_the_lstm_schedules_compile_to_their_loops(schedule):
     """The compiled step's only loops with matmuls are the LSTMs', forward and backward: with the
