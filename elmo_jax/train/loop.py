@@ -147,57 +147,59 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
     pending = None  # (step, device metrics) not yet read
     step = start
     stopped = False
-    try:
-        for step in range(start + 1, total_steps + 1):
-            batch, data_state = next(prefetch)
-            with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
-                state, metrics = step_fn(state, batch)
-            # Read the previous step's numbers while this one runs.
-            if pending is not None:
-                record(*pending)
-            pending = (step, metrics)
-            stopped = preemption.reached(step)
-            must_save = checkpoints.is_due(step) or step == total_steps or stopped
-            if must_save or step % t.log_every == 0:
-                record(*pending)  # this step must be good first
-                pending = None
-            if step % t.log_every == 0:
-                loss, steps_in_window = window.mean_loss()
-                window.log(step, epochs_done(data_state, len(train_corpus)))
-                divergence.window(step, loss, steps_in_window)
-            if must_save:
-                divergence.state(step, state, *window.mean_loss())
-            if stopped:
-                checkpoints.save_and_wait(step, state, data_state, parallel.rows)
-            elif must_save:
-                checkpoints.save(step, state, data_state, parallel.rows)
-            if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
-                with window.leave_out():
-                    result = evaluate_heldout(state.params, t.eval_sentences or None)
+    try:  # the event file is closed even when training raises (an atexit close fails on Python 3.12)
+        try:
+            for step in range(start + 1, total_steps + 1):
+                batch, data_state = next(prefetch)
+                with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
+                    state, metrics = step_fn(state, batch)
+                # Read the previous step's numbers while this one runs.
+                if pending is not None:
+                    record(*pending)
+                pending = (step, metrics)
+                stopped = preemption.reached(step)
+                must_save = checkpoints.is_due(step) or step == total_steps or stopped
+                if must_save or step % t.log_every == 0:
+                    record(*pending)  # this step must be good first
+                    pending = None
+                if step % t.log_every == 0:
+                    loss, steps_in_window = window.mean_loss()
+                    window.log(step, epochs_done(data_state, len(train_corpus)))
+                    divergence.window(step, loss, steps_in_window)
+                if must_save:
+                    divergence.state(step, state, *window.mean_loss())
+                if stopped:
+                    checkpoints.save_and_wait(step, state, data_state, parallel.rows)
+                elif must_save:
+                    checkpoints.save(step, state, data_state, parallel.rows)
+                if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
+                    with window.leave_out():
+                        result = evaluate_heldout(state.params, t.eval_sentences or None)
+                    log_eval(step, result, writer)
+                    divergence.heldout(step, result)
+                bar.update(step, f"loss {window.last_loss:.3f}")
+                if stopped:
+                    log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
+                    break
+        finally:
+            bar.close()
+            prefetch.close()
+            checkpoints.wait()
+            checkpoints.close()
+        result = {}
+        if heldout is not None and not stopped:
+            preemption.interrupt = True
+            try:
+                result = evaluate_heldout(state.params)
                 log_eval(step, result, writer)
                 divergence.heldout(step, result)
-            bar.update(step, f"loss {window.last_loss:.3f}")
-            if stopped:
-                log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
-                break
+            except Stopped as signal_name:
+                log.info(
+                    "stopped during the final evaluation (%s): every step is saved; `elmo-jax eval` evaluates it",
+                    signal_name,
+                )
     finally:
-        bar.close()
-        prefetch.close()
-        checkpoints.wait()
-        checkpoints.close()
-    result = {}
-    if heldout is not None and not stopped:
-        preemption.interrupt = True
-        try:
-            result = evaluate_heldout(state.params)
-            log_eval(step, result, writer)
-            divergence.heldout(step, result)
-        except Stopped as signal_name:
-            log.info(
-                "stopped during the final evaluation (%s): every step is saved; `elmo-jax eval` evaluates it",
-                signal_name,
-            )
-    writer.close()
+        writer.close()
     if jax.process_index() == 0 and not preemption.requested:  # a stopped run exits at once
         plot_after_training(workdir)
     return result
