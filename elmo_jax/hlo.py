@@ -130,7 +130,7 @@ def communication_bytes(hlo_text: str) -> dict[str, int]:
     for match in _COLLECTIVE.finditer(hlo_text):
         size, shape = 0, match["shape"]
         if match["start"] and shape.startswith("("):
-            shape = _tuple_elements(shape)[1]  # an async start's tuple: (operands, results, ...)
+            shape = tuple_elements(shape)[1]  # an async start's tuple: (operands, results, ...)
         for dtype, dims in _ARRAY.findall(shape):
             itemsize = _BYTES.get(dtype) or int(dtype[1:]) // 8
             size += itemsize * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
@@ -138,7 +138,7 @@ def communication_bytes(hlo_text: str) -> dict[str, int]:
     return totals
 
 
-def _tuple_elements(shape: str) -> list[str]:
+def tuple_elements(shape: str) -> list[str]:
     """The top-level elements of a tuple shape: "((f32[8]), f32[64])" -> ["(f32[8])", "f32[64]"]."""
     elements, depth, start = [], 0, 1
     for i, c in enumerate(shape):

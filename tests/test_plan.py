@@ -88,6 +88,31 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
     assert not [shape for shape in converted if shape in weights]
 
 
+ASYNC_SLICE = """
+%fused_slice (p0: f32[20,2,512,64], p1: s32[]) -> f32[1,2,512,64] {
+  %p0 = f32[20,2,512,64]{3,2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = f32[1,2,512,64]{3,2,1,0} dynamic-slice(%p0, %p1, %z, %z, %z), dynamic_slice_sizes={1,2,512,64}
+}
+
+ENTRY %main (a: f32[20,2,512,64], i: s32[]) -> f32[1,2,512,64] {
+  %a = f32[20,2,512,64]{3,2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %start = ((f32[20,2,512,64], s32[]), f32[1,2,512,64]{3,2,1,0}, u32[]) fusion-start(%a, %i), calls=%fused_slice
+  ROOT %done = f32[1,2,512,64]{3,2,1,0} fusion-done(%start)
+}
+"""
+
+
+def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
+    """XLA's GPU compiler wraps some loop fusions in fusion-start / fusion-done: one kernel,
+    whose bytes are the wrapped fusion's (the slice read and written), not its tuple's."""
+    (kernel,) = Program(ASYNC_SLICE).kernels()
+    assert kernel.opcode == "fusion-start" and kernel.runs == 1
+    assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
+
+
 def test_largest_batch_is_bracketed_by_compiled_sizes():
     capacity = 10_000
     compiled = []

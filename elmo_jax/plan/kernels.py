@@ -7,7 +7,8 @@ of a called computation, that launches work: a fusion, a library call (cuBLAS, c
 a sort, a collective (a loop's condition only where its trip count is unknown). Its bytes are its
 operands plus its result, except where it touches less: an operand that the fusion only slices
 is counted as the slices it reads, and a buffer updated in place (dynamic-update-slice,
-scatter) as the update written. Elementwise arithmetic is not counted in
+scatter) as the update written. An async fusion (fusion-start, fusion-done) is one kernel,
+counted as the fusion it wraps. Elementwise arithmetic is not counted in
 FLOPs (a few per byte: memory-bound anyway)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import math
 import re
 
-from elmo_jax.hlo import FREE_OPS, computations
+from elmo_jax.hlo import FREE_OPS, computations, tuple_elements
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
 _TYPE = re.compile(r"(pred|bf16|f8\w*|[suf]\d+|c\d+|token)\[([\d,]*)\]")
@@ -240,12 +241,14 @@ class Program:
         result = self.type(inst.name)
         if inst.opcode == "custom-call" and result.startswith("("):
             result = _TYPE.search(result).group(0)  # the result, not the library's scratch space
+        if inst.opcode == "fusion-start":  # an async fusion: ((operands), result, context)
+            result = tuple_elements(result)[1]
         if inst.opcode in IN_PLACE:
             update = inst.operands[IN_PLACE[inst.opcode]]
             rest = [o for o in inst.operands[1:] if o != update]
             return 2.0 * type_bytes(self.type(update)) + sum(type_bytes(self.type(o)) for o in rest)
         callee = inst.called("calls")
-        if inst.opcode != "fusion" or not callee:
+        if inst.opcode not in ("fusion", "fusion-start") or not callee:
             return float(type_bytes(result) + sum(type_bytes(self.type(o)) for o in inst.operands))
         reads, in_place, written = self._fused_access(callee[0])
         total = 0.0
