@@ -8,6 +8,8 @@
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs/;
+#   - beside each measured train step, `elmo-jax plan`'s estimate of the same compiled program
+#     (throughput.py reads it), and the table of both to $OUT/estimate_vs_measured.txt;
 #   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
 #   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
 #     (benchmarks/recurrence.py) to $OUT/recurrence.txt.
@@ -43,3 +45,17 @@ for schedule in wavefront layers; do
     --lstm-schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
 done
 timeout 120 python3 benchmarks/recurrence.py --config=original --per-device-batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"
+# Each measured train step beside the plan's estimate of the same program.
+python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
+import json, sys
+
+print("config | dtype | rows | LSTM schedule | measured ms | estimated ms | measured / estimated")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    e = r.get("estimate")
+    if r["mode"] == "train" and e:
+        print(
+            f"{r['config']} | {r['dtype']} | {r['per_device_batch']} | {r['lstm_schedule']} | "
+            f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f}"
+        )
+EOF

@@ -11,7 +11,10 @@ network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak m
 same device in the same run, and peak device memory. A token is one corpus position, processed
 by both directions. `--profile=N` then traces N more steps with `jax.profiler` and prints where
 their time goes (benchmarks/step_profile.py): the top ops, the ops run per step and the shares of
-the LSTM loops, token encoder, softmax, sampler, dropout and optimizer.
+the LSTM loops, token encoder, softmax, sampler, dropout and optimizer. On a chip that
+`elmo-jax plan` knows (an H200, H100, A100, TPU v5e/v5p/v6e), the step's own compiled program is
+read as `plan` reads it, and its estimated step time is reported beside the measured one
+(`--plan-target=NAME` forces a target: on a CPU, only to exercise the code).
 
 `--mode=embed` runs the embedding path of `launch.py embed` (`Embedder`: each distinct word
 encoded once, batches of --per-device-batch sentences) over --sentences Zipfian sentences
@@ -185,6 +188,30 @@ def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
     print(json.dumps(result))
 
 
+def plan_estimate(name: str, device, compiled, B: int, T: int, lstm_schedule: str, step_s: float) -> dict | None:
+    """`elmo-jax plan`'s estimate of the compiled step on target `name` ("auto": this device's
+    chip, None where plan does not know it), beside the measured step time `step_s`."""
+    from elmo_jax.plan.program import CompiledStep
+    from elmo_jax.plan.report import estimate
+    from elmo_jax.plan.targets import for_device_kind, target
+
+    chip = for_device_kind(device.device_kind) if name == "auto" else target(name)
+    if chip is None:
+        return None
+    stats = compiled.memory_analysis()
+    memory = {key: int(getattr(stats, f"{key}_size_in_bytes")) for key in ("argument", "output", "alias", "temp")}
+    r = estimate(CompiledStep(compiled.as_text(), memory, B, T, 1, lstm_schedule, 0.0), chip)
+    keys = ("step_s", "tokens_per_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
+    return {
+        "target": chip.name,
+        **{key: r[key] for key in keys if key != "tokens_per_s"},
+        "tokens_per_sec": r["tokens_per_s"],
+        "kernels": r["kernels"]["per_step"],
+        "parts": r["parts"],
+        "measured_over_estimate": step_s / r["step_s"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
@@ -207,6 +234,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--backward-order", default="independent", choices=BACKWARD_ORDERS, help="train: the backward LM's sentences"
+    )
+    parser.add_argument(
+        "--plan-target", default="auto", help="train: the plan target to estimate for (auto: this device's, if known)"
     )
     parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
     parser.add_argument(
@@ -277,6 +307,7 @@ def main() -> None:
     if args.profile:
         trace = step_profile.profile_steps(run, [(b,) for b in host[args.warmup + args.steps :]])
         profile = step_profile.breakdown(trace, step_fn.as_text(), args.profile)
+    estimate = plan_estimate(args.plan_target, device, step_fn, B, T, schedule(config), step_s)
     peak = matmul_peak(DTYPES[args.dtype])
     result = {
         "config": args.config,
@@ -300,6 +331,7 @@ def main() -> None:
         "mfu": achieved / peak,
         "peak_memory_gb": stats.get("peak_bytes_in_use", 0) / 1e9 or None,
         "profile": profile,
+        "estimate": estimate,
     }
     print(
         f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} {args.backward_order} order "
@@ -309,6 +341,14 @@ def main() -> None:
         f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
         f"MFU {100 * achieved / peak:.1f}% of a measured {peak / 1e12:.1f} TFLOP/s matmul"
     )
+    if estimate:
+        e = estimate
+        print(
+            f"plan estimate of this program on {e['target']}: step {1000 * e['step_s']:.1f} ms "
+            f"(floors: compute {1000 * e['compute_floor_s']:.1f}, memory {1000 * e['memory_floor_s']:.1f}, "
+            f"launches {1000 * e['launches_s']:.1f} ms; {e['kernels']:,} kernels, {e['hbm_bytes'] / 1e9:.1f} GB), "
+            f"{e['tokens_per_sec']:,.0f} tokens/s; measured / estimated {e['measured_over_estimate']:.2f}"
+        )
     if profile:
         print(step_profile.describe(profile))
     print(json.dumps(result))

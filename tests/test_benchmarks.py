@@ -16,8 +16,19 @@ TINY = ["--config=cpu_peer", "--per-device-batch=2"]  # cpu_peer: a 5,000-word v
 # name: (script and flags, the measurements its JSON line must report as positive numbers)
 COMMANDS = {
     "throughput train, profiled": (
-        ["throughput.py", *TINY, "--unroll-steps=4", "--steps=1", "--warmup=1", "--profile=1"],
-        ("tokens_per_sec", "step_time_s", "compile_s", "profile.ops_per_step", "profile.op_seconds_per_step"),
+        ["throughput.py", *TINY, "--unroll-steps=4", "--steps=1", "--warmup=1", "--profile=1", "--plan-target=h200"],
+        (
+            "tokens_per_sec",
+            "step_time_s",
+            "compile_s",
+            "profile.ops_per_step",
+            "profile.op_seconds_per_step",
+            # The plan's reading of the (CPU) program, as gpu.sh gets it of the H200's.
+            "estimate.step_s",
+            "estimate.kernels",
+            "estimate.hbm_bytes",
+            "estimate.measured_over_estimate",
+        ),
     ),
     "throughput embed": (
         ["throughput.py", *TINY, "--mode=embed", "--sentences=40", "--steps=1"],

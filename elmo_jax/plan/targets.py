@@ -14,7 +14,7 @@ GB = 1e9
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str
-    description: str
+    description: str  # JAX's device_kind of the chip
     platform: str  # "cuda" or "tpu"
     memory_bytes: int  # device memory per chip
     hbm_bytes_per_s: float
@@ -173,6 +173,11 @@ TARGETS = {
         tpu_topologies={1: "v6e:1x1", 4: "v6e:2x2", 8: "v6e:2x4"},
     ),
 }
+
+
+def for_device_kind(kind: str) -> Target | None:
+    """The target whose chip JAX names `kind` (`device.device_kind`), or None."""
+    return next((t for t in TARGETS.values() if t.description == kind), None)
 
 
 def target(name: str) -> Target:
