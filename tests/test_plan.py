@@ -42,6 +42,7 @@ def planned(tmp_path_factory):
 
 # The demo's sizes (experiments/demo.py): 2 layers, 2 directions, cell 128, projection 64.
 L, D, C, P, B, T = 2, 2, 128, 64, 32, 20
+FILTERS = 4
 
 
 def test_plan_counts_the_lstm_loops_kernels_and_flops(planned):
@@ -86,6 +87,15 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
                         )
     assert converted, "no conversion found at all: the loops or the parsing changed"
     assert not [shape for shape in converted if shape in weights]
+
+
+def test_bfloat16_convolutions_run_in_bfloat16(planned):
+    """cuDNN has no bfloat16 -> float32 convolution: asked for one, XLA widens the operands to
+    float32. The char CNN's convolutions, forward and backward, take bfloat16 operands."""
+    _, text = planned
+    convs = [k for k in Program(text).kernels() if k.opcode == "custom-call" and "conv" in k.name]
+    assert len(convs) >= 2 * FILTERS  # forward and filter gradient of each (the input's: some fused)
+    assert {k.dtype for k in convs} == {"bf16"}
 
 
 ASYNC_SLICE = """

@@ -12,7 +12,7 @@ import numpy as np
 
 from elmo_jax.config import N_CHARACTERS, ModelConfig
 from elmo_jax.model import Params
-from elmo_jax.model.matmul import matmul, result_type
+from elmo_jax.model.matmul import conv_result_type, matmul
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
@@ -62,9 +62,9 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
             window_strides=(1,),
             padding="VALID",
             dimension_numbers=("NWC", "WIO", "NWC"),
-            preferred_element_type=result_type(dtype),
-        )
-        pooled.append(activation(jnp.max(y_NWn, axis=1) + f["b"]))
+            preferred_element_type=conv_result_type(dtype),
+        )  # the max of values rounded to bfloat16 is the rounded max: pooling first is exact
+        pooled.append(activation(jnp.max(y_NWn, axis=1).astype(jnp.float32) + f["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)
     for k in range(config.char_cnn.n_highway):
         hw = params["highway"][f"layer_{k}"]
