@@ -96,3 +96,27 @@ def test_dropping_padding_columns_keeps_every_token_vector():
         encode_tokens(params["token_encoder"], full.chars, config),
         atol=1e-6,
     )
+
+
+def _conv_bf16(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+
+
+def test_bfloat16_filter_gradients_are_float32_sums():
+    """A bfloat16 convolution's result is bfloat16 on CPU and GPU; its filter gradient is still
+    the float32 sum over every word and position (what the devices then sum is float32), not
+    rounded to bfloat16 as autodiff's would be. Its input gradient is autodiff's."""
+    from elmo_jax.model.token_encoder import _conv
+
+    rng = np.random.default_rng(0)
+    x, w = jnp.asarray(rng.normal(size=(64, 50, 16)), jnp.bfloat16), jnp.asarray(rng.normal(size=(3, 16, 8)))
+    y, vjp = jax.vjp(lambda x, w: _conv(x, w, "bfloat16"), x, w)
+    g = jnp.asarray(rng.normal(size=y.shape), jnp.bfloat16)
+    dx, dw = vjp(g)
+    x64, g64 = np.asarray(x, np.float64), np.asarray(g, np.float64)
+    exact = np.stack([np.einsum("btd,bto->do", x64[:, k : k + y.shape[1]], g64) for k in range(3)])
+    dx_autodiff, dw_autodiff = jax.vjp(_conv_bf16, x, w.astype(jnp.bfloat16))[1](g)
+    assert y.dtype == jnp.bfloat16 and dw.dtype == jnp.float32 and dw_autodiff.dtype == jnp.bfloat16
+    error, rounded_error = (np.abs(np.asarray(d, np.float64) - exact).max() for d in (dw, dw_autodiff))
+    assert error < 1e-6 * np.abs(exact).max() and rounded_error > 30 * error
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(dx_autodiff, np.float32))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from cli import run_cli
@@ -23,21 +24,26 @@ def _plugin_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def planned(tmp_path_factory):
-    """The demo's step in bfloat16, 32 rows on one H200: the plan's JSON and the program."""
+def _plan_demo(folder, devices: int) -> tuple[dict, str]:
+    """The demo's step in bfloat16, 32 rows on each of `devices` H200s: the plan's JSON and the
+    program."""
     missing = _plugin_missing()
     if missing:
         if os.environ.get("ELMO_JAX_REQUIRE_PLAN") == "1":
             pytest.fail(missing)
         pytest.skip(missing)
-    program = tmp_path_factory.mktemp("plan") / "step.hlo"
-    args = ["plan", "--config=demo", "--target=h200", "--vocab_size=2000", "--nofit", f"--hlo={program}"]
-    args += ["--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
+    program = folder / "step.hlo"
+    args = ["plan", "--config=demo", "--target=h200", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
+    args += [f"--hlo={program}", "--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
     result = run_cli(args)
     assert result.returncode == 0, result.stderr
-    assert "NVIDIA H200 x 1, 32 rows per device" in result.stdout
+    assert f"NVIDIA H200 x {devices}, 32 rows per device" in result.stdout
     return json.loads(result.stdout.strip().splitlines()[-1]), program.read_text()
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    return _plan_demo(tmp_path_factory.mktemp("plan"), 1)
 
 
 # The demo's sizes (experiments/demo.py): 2 layers, 2 directions, cell 128, projection 64.
@@ -91,11 +97,23 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
 
 def test_bfloat16_convolutions_run_in_bfloat16(planned):
     """cuDNN has no bfloat16 -> float32 convolution: asked for one, XLA widens the operands to
-    float32. The char CNN's convolutions, forward and backward, take bfloat16 operands."""
+    float32. The char CNN's convolutions and their input gradients take bfloat16 operands; the
+    filter gradients alone run in float32, so that their sums are float32."""
     _, text = planned
     convs = [k for k in Program(text).kernels() if k.opcode == "custom-call" and "conv" in k.name]
-    assert len(convs) >= 2 * FILTERS  # forward and filter gradient of each (the input's: some fused)
-    assert {k.dtype for k in convs} == {"bf16"}
+    forward = [k for k in convs if "bw-filter" not in k.name]
+    assert len(forward) >= FILTERS and len(convs) - len(forward) == FILTERS
+    assert {k.dtype for k in forward} == {"bf16"} and {k.dtype for k in convs if k not in forward} == {"f32"}
+
+
+def test_gradients_are_summed_over_devices_in_float32(tmp_path):
+    """With bfloat16 matmuls, every floating-point all-reduce of the 2-device step (the
+    gradients, the token vectors' gradient, the losses) sums float32 values."""
+    plan, text = _plan_demo(tmp_path, 2)
+    reductions = [i for i in Program(text).defs.values() if i.opcode in ("all-reduce", "all-reduce-start")]
+    dtypes = {dtype for i in reductions for dtype in re.findall(r"(\w+)\[", i.type)}
+    assert reductions and plan["collective_bytes"]["all-reduce"] > 0
+    assert {dtype for dtype in dtypes if dtype[0] in "fb"} == {"f32"}, dtypes
 
 
 ASYNC_SLICE = """

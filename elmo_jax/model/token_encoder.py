@@ -6,6 +6,8 @@ max over positions, activation -> concat (..., F) -> highway layers -> projectio
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +43,42 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
     return params
 
 
+def _conv_in(x_NCD: jax.Array, w_wDn: jax.Array, dtype: str) -> jax.Array:
+    """VALID 1-D convolution (N, C, D) x (w, D, n) -> (N, C - w + 1, n) of `dtype` operands."""
+    return jax.lax.conv_general_dilated(
+        x_NCD.astype(dtype),
+        w_wDn.astype(dtype),
+        window_strides=(1,),
+        padding="VALID",
+        dimension_numbers=("NWC", "WIO", "NWC"),
+        preferred_element_type=conv_result_type(dtype),
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv(x_NCD: jax.Array, w_wDn: jax.Array, dtype: str) -> jax.Array:
+    """`_conv_in` in `dtype`, whose filter gradient is computed and returned in float32: its
+    sum over the words (and over devices, when the words are split) is never rounded to a
+    narrower compute dtype (a bfloat16 convolution's result is bfloat16 on CPU and GPU)."""
+    return _conv_in(x_NCD, w_wDn, dtype)
+
+
+def _conv_forward(x_NCD, w_wDn, dtype):
+    return _conv_in(x_NCD, w_wDn, dtype), (x_NCD, w_wDn)
+
+
+def _conv_backward(dtype, residuals, g_NWn):
+    x_NCD, w_wDn = residuals
+    _, input_vjp = jax.vjp(lambda x: _conv_in(x, w_wDn, dtype), x_NCD)
+    _, filter_vjp = jax.vjp(lambda w: _conv_in(x_NCD, w, "float32"), w_wDn.astype(jnp.float32))
+    (dx,) = input_vjp(g_NWn)
+    (dw,) = filter_vjp(g_NWn.astype(jnp.float32))
+    return dx, dw.astype(w_wDn.dtype)
+
+
+_conv.defvjp(_conv_forward, _conv_backward)
+
+
 def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> jax.Array:
     """Char ids (N, C) (+1 shifted, 0 = padded slot) -> token vectors (N, P) float32; matmuls
     and convolutions in config.compute_dtype. The embedding must have a row for every id
@@ -56,14 +94,8 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
     pooled = []
     for i in range(len(config.char_cnn.filters)):
         f = params["cnn"][f"filter_{i}"]
-        y_NWn = jax.lax.conv_general_dilated(
-            x_NCD,
-            f["W"].astype(dtype),
-            window_strides=(1,),
-            padding="VALID",
-            dimension_numbers=("NWC", "WIO", "NWC"),
-            preferred_element_type=conv_result_type(dtype),
-        )  # the max of values rounded to bfloat16 is the rounded max: pooling first is exact
+        y_NWn = _conv_in(x_NCD, f["W"], dtype) if dtype == "float32" else _conv(x_NCD, f["W"], dtype)
+        # The max of values rounded to bfloat16 is the rounded max: pooling first is exact.
         pooled.append(activation(jnp.max(y_NWn, axis=1).astype(jnp.float32) + f["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)
     for k in range(config.char_cnn.n_highway):
