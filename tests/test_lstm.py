@@ -115,14 +115,15 @@ def test_stacks_match_numpy_layer_after_layer(n_layers, skip, schedule):
     assert (np.asarray(out)[:, :, ~mask] == 0).all()
 
 
-@pytest.mark.parametrize("n_layers, skip", [(1, False), (3, True)])
-def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
-    """The wavefront's custom VJP against JAX's own derivative of the same forward loop, with
-    both clips firing, masked steps, dropout between layers, the residual, and gradients
-    flowing into every layer's outputs and the final state."""
+GRADIENTS = ["W_0", "B", "W_P_0", "x", "h0", "c0"]
+
+
+def _custom_and_autodiff(n_layers: int, skip: bool, dtype: str):
+    """The wavefront's gradient function, autodiff's of the same forward loop, their args and
+    the output weights of the loss sum(weights * outputs)."""
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=2)
     cfg = config.lstm
-    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, "float32")
+    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, dtype)
     stacked = [
         np.stack([params[f"layer_{layer}"][name] for layer in range(n_layers)]) for name in ("W_0", "B", "W_P_0")
     ]
@@ -141,14 +142,32 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
     def autodiff(*args):
         return _wave_forward(*args, st, residuals=False)[0]
 
-    args, reference = (*stacked, x, h0, c0), loss(autodiff)
+    return loss(lambda *args: _wavefront(*args, st)), loss(autodiff), (*stacked, x, h0, c0), weights
+
+
+@pytest.mark.parametrize("n_layers, skip", [(1, False), (3, True)])
+def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
+    """The wavefront's custom VJP against JAX's own derivative of the same forward loop, with
+    both clips firing, masked steps, dropout between layers, the residual, and gradients
+    flowing into every layer's outputs and the final state."""
+    custom, reference, args, weights = _custom_and_autodiff(n_layers, skip, "float32")
     # Both run the same forward pass: they differ by the rounding of the backward pass, which
     # moving the output gradients (the weights) by a float32 spacing measures.
     want, spread = value_and_rounding_spread(lambda weights: reference(weights, *args), (weights,))
-    got = loss(lambda *args: _wavefront(*args, st))(weights, *args)
-    for name, g, w, s in zip(["W_0", "B", "W_P_0", "x", "h0", "c0"], got, want, spread):
+    got = custom(weights, *args)
+    for name, g, w, s in zip(GRADIENTS, got, want, spread):
         assert np.abs(w).max() > 0.1, name
         assert_within_rounding(g, w, s, name)
+
+
+def test_bfloat16_gradient_is_autodiffs_within_bfloat16_rounding():
+    """With bfloat16 matmuls the backward keeps d_gates and d_h_raw in bfloat16 for the weight
+    gradients' matmuls (which round them to bfloat16 anyway) and sums the bias gradient from
+    them in float32: within bfloat16 rounding of autodiff's, which keeps them in float32."""
+    custom, reference, args, weights = _custom_and_autodiff(3, True, "bfloat16")
+    for name, g, w in zip(GRADIENTS, custom(weights, *args), reference(weights, *args)):
+        assert g.dtype == np.float32 and np.abs(w).max() > 0.1, name
+        assert np.abs(np.asarray(g) - np.asarray(w)).max() < 2**-6 * np.abs(w).max(), name  # a few bfloat16 spacings
 
 
 def test_both_schedules_give_the_same_gradients():

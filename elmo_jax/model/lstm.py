@@ -272,10 +272,12 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
             d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
             d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
             saved += (d_in[:1],)
-        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
+        buffers = tuple(_put_slot(buf, s, v.astype(buf.dtype)) for buf, v in zip(buffers, saved))
         return d_h_prev, d_c_prev, d_above, buffers
 
-    buffers = (jnp.zeros_like(acts_LDBSG), jnp.zeros_like(h_raw_LDBSP)) + (
+    # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
+    # take them in the compute dtype: kept in it (the bias gradient sums them in float32).
+    buffers = (jnp.zeros_like(acts_LDBSG, st.dtype), jnp.zeros_like(h_raw_LDBSP, st.dtype)) + (
         (jnp.zeros_like(in_LDBSP[:1]),) if L > 1 else ()
     )
     carry = (d_h, d_c, jnp.zeros_like(d_h) if L > 1 else None, buffers)
@@ -291,7 +293,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_x_DBSP = einsum("dbsg,dgp->dbsp", d_gates_LDBSG[0], W_0_t[0, :, :, :P], st.dtype)
     else:
         d_x_DBSP = buffers[2][0]
-    return d_W_0, d_gates_LDBSG.sum(axis=(2, 3)), d_W_proj, d_x_DBSP[:, :, :T], None, None, d_h0, d_c0
+    return d_W_0, d_gates_LDBSG.sum(axis=(2, 3), dtype=jnp.float32), d_W_proj, d_x_DBSP[:, :, :T], None, None, d_h0, d_c0
 
 
 _wavefront.defvjp(_wavefront_fwd, _wavefront_bwd)
