@@ -111,6 +111,13 @@ class _Stack(NamedTuple):
     dtype: str
 
 
+def _slots_like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    """A buffer whose every slot a loop writes before anything reads it: left uninitialised on
+    accelerators (zeros on CPU), not filled with zeros first. Adding a zero of `x` makes it as
+    device-varying as `x` under shard_map; XLA drops the addition."""
+    return jax.lax.empty(shape, dtype) + jnp.zeros_like(x, dtype, shape=())
+
+
 def _skew(x: jax.Array, S: int, axis: int, fill=0, first: int = 0) -> jax.Array:
     """Layer l (axis 0 holds layers first, first + 1, ...) shifted l slots later along the time
     `axis` (T -> S = T + L - 1 slots): slot s holds layer l's time s - l, so that one loop step
@@ -164,7 +171,7 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
     # cell and (when layers feed layers) inputs; the outputs follow after the loop. Else only
     # the outputs.
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
-    buffers = tuple(jnp.zeros_like(x_DBTP, shape=(L, D, B, S, n)) for n in widths)  # as varying as the inputs
+    buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), x_DBTP.dtype) for n in widths)
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
 
     def step(s, carry):
@@ -277,9 +284,11 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
 
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
     # take them in the compute dtype: kept in it (the bias gradient sums them in float32).
-    buffers = (jnp.zeros_like(acts_LDBSG, st.dtype), jnp.zeros_like(h_raw_LDBSP, st.dtype)) + (
-        (jnp.zeros_like(in_LDBSP[:1]),) if L > 1 else ()
+    buffers = (
+        _slots_like(acts_LDBSG, acts_LDBSG.shape, st.dtype),
+        _slots_like(h_raw_LDBSP, h_raw_LDBSP.shape, st.dtype),
     )
+    buffers += (_slots_like(in_LDBSP, in_LDBSP[:1].shape, in_LDBSP.dtype),) if L > 1 else ()
     carry = (d_h, d_c, jnp.zeros_like(d_h) if L > 1 else None, buffers)
     d_h0, d_c0, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
     d_gates_LDBSG, d_h_raw_LDBSP = buffers[:2]
@@ -293,7 +302,16 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_x_DBSP = einsum("dbsg,dgp->dbsp", d_gates_LDBSG[0], W_0_t[0, :, :, :P], st.dtype)
     else:
         d_x_DBSP = buffers[2][0]
-    return d_W_0, d_gates_LDBSG.sum(axis=(2, 3), dtype=jnp.float32), d_W_proj, d_x_DBSP[:, :, :T], None, None, d_h0, d_c0
+    return (
+        d_W_0,
+        d_gates_LDBSG.sum(axis=(2, 3), dtype=jnp.float32),
+        d_W_proj,
+        d_x_DBSP[:, :, :T],
+        None,
+        None,
+        d_h0,
+        d_c0,
+    )
 
 
 _wavefront.defvjp(_wavefront_fwd, _wavefront_bwd)

@@ -4,7 +4,8 @@ memory, and how often it runs (the trip counts of the loops around it).
 
 A kernel is each instruction of the entry computation, of a while loop's body or condition, or
 of a called computation, that launches work: a fusion, a library call (cuBLAS, cuDNN), a copy,
-a sort, a collective (a loop's condition only where its trip count is unknown). Its bytes are its
+a sort, a collective (a loop's condition only where its trip count is unknown); not an
+uninitialised buffer's allocation (AllocateBuffer). Its bytes are its
 operands plus its result, except where it touches less: an operand that the fusion only slices
 is counted as the slices it reads, and a buffer updated in place (dynamic-update-slice,
 scatter) as the update written. An async fusion (fusion-start, fusion-done) is one kernel,
@@ -138,7 +139,7 @@ class Program:
     def _walk(self, computation: str, runs: int, in_matmul_loop: bool, found: list[Kernel]) -> None:
         for inst in self.computations.get(computation, []):
             op = inst.opcode
-            if op in FREE_OPS or op.endswith("-done"):
+            if op in FREE_OPS or op.endswith("-done") or 'custom_call_target="AllocateBuffer"' in inst.attrs:
                 continue
             if op == "while":
                 trips = _TRIPS.search(inst.attrs)
