@@ -14,6 +14,7 @@ from cli import run_cli
 from elmo_jax import hlo
 from elmo_jax.plan.kernels import Program
 from elmo_jax.plan.program import largest_batch
+from elmo_jax.plan.report import wire_bytes
 
 
 def _plugin_missing() -> str | None:
@@ -149,6 +150,17 @@ def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
     (kernel,) = Program(ASYNC_SLICE).kernels()
     assert kernel.opcode == "fusion-start" and kernel.runs == 1
     assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
+
+
+def test_a_reduce_scatter_and_an_all_gather_send_what_an_all_reduce_sends():
+    """Ring collectives on n devices: an all-reduce of S bytes is a reduce-scatter (results of
+    S / n) followed by an all-gather (result S), and sends 2 (n - 1) / n x S."""
+    n, S = 8, 8_000
+    assert wire_bytes("all-reduce", S, n) == pytest.approx(2 * (n - 1) / n * S)
+    assert wire_bytes("reduce-scatter", S / n, n) + wire_bytes("all-gather", S, n) == pytest.approx(
+        wire_bytes("all-reduce", S, n)
+    )
+    assert wire_bytes("all-reduce", S, 1) == 0
 
 
 def test_largest_batch_is_bracketed_by_compiled_sizes():

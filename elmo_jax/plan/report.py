@@ -12,17 +12,27 @@ from elmo_jax.plan.targets import Target
 PAPER_TOKENS = 7.69e9  # 10 passes over LM1B's 768,648,884 training tokens
 
 
+def wire_bytes(kind: str, result_bytes: float, n: int) -> float:
+    """Bytes each of n devices sends over its link for a collective whose result holds
+    `result_bytes` (ring algorithms): an all-reduce sends 2 (n - 1) / n of its buffer, an
+    all-gather (n - 1) / n of its result, a reduce-scatter (n - 1) / n of its input (n results)."""
+    share = (n - 1) / n
+    factor = {"all-reduce": 2 * share, "all-gather": share, "reduce-scatter": share * n}.get(kind, share)
+    return factor * result_bytes
+
+
 def estimate(step: CompiledStep, target: Target) -> dict:
     """Everything `plan` reports, as one JSON-able dict. Times are floors from the program's
     shapes (each kernel: max(FLOPs / peak for its dtype, bytes / bandwidth) + one launch);
-    the collectives take 2 (n - 1) / n x their bytes over the link, not overlapped."""
+    the collectives send their ring algorithms' bytes over the link (`wire_bytes`), not
+    overlapped."""
     kernels = Program(step.hlo).kernels()
     local = [k for k in kernels if k.part != "collectives"]
     totals = summarize(local, target)
     loops = hlo.loops(step.hlo)
     comm = hlo.communication_bytes(step.hlo)
     n = step.devices
-    comm_s = 2 * (n - 1) / n * sum(comm.values()) / target.link_bytes_per_s
+    comm_s = sum(wire_bytes(kind, size, n) for kind, size in comm.items()) / target.link_bytes_per_s
     step_s = totals["total"]["seconds"] + comm_s
     tokens = step.per_device_batch * step.unroll_steps * n
     flops = totals["total"]["flops"]
