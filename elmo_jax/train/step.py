@@ -142,9 +142,12 @@ def _local_losses(
     weights' gradient at every time step), and the gradients are summed over devices once."""
     # Marked device-varying here, once: left replicated, each use (inside the scan: at every
     # time step) would be a cast whose transpose sums that use's gradient over devices.
-    lstm_params, table, tokens_UP = jax.tree.map(
-        lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table, tokens_UP)
-    )
+    lstm_params, table = jax.tree.map(lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table))
+    # Each device encoded its share of the words (on one device, all of them): gathered here,
+    # so that their gradient is summed and scattered back to the shares (a reduce-scatter,
+    # half an all-reduce's bytes).
+    if jax.lax.axis_size(AXIS) > 1:
+        tokens_UP = jax.lax.all_gather(tokens_UP, AXIS, tiled=True)
     with jax.named_scope("lstm"):
         top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout)
     mask_n = mask_bT.reshape(-1)
@@ -211,7 +214,7 @@ def _loss(
         in_specs=(
             PartitionSpec(),
             PartitionSpec(),
-            PartitionSpec(),
+            PartitionSpec(AXIS),
             rows_2BT,
             PartitionSpec(AXIS),
             state_spec,
