@@ -191,20 +191,18 @@ def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
 def plan_estimate(name: str, device, compiled, B: int, T: int, lstm_schedule: str, step_s: float) -> dict | None:
     """`elmo-jax plan`'s estimate of the compiled step on target `name` ("auto": this device's
     chip, None where plan does not know it), beside the measured step time `step_s`."""
-    from elmo_jax.plan.program import CompiledStep
+    from elmo_jax.plan.program import CompiledStep, memory_of
     from elmo_jax.plan.report import estimate
     from elmo_jax.plan.targets import for_device_kind, target
 
     chip = for_device_kind(device.device_kind) if name == "auto" else target(name)
     if chip is None:
         return None
-    stats = compiled.memory_analysis()
-    memory = {key: int(getattr(stats, f"{key}_size_in_bytes")) for key in ("argument", "output", "alias", "temp")}
-    r = estimate(CompiledStep(compiled.as_text(), memory, B, T, 1, lstm_schedule, 0.0), chip)
-    keys = ("step_s", "tokens_per_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
+    r = estimate(CompiledStep(compiled.as_text(), memory_of(compiled), B, T, 1, lstm_schedule, 0.0), chip)
+    keys = ("step_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
     return {
         "target": chip.name,
-        **{key: r[key] for key in keys if key != "tokens_per_s"},
+        **{key: r[key] for key in keys},
         "tokens_per_sec": r["tokens_per_s"],
         "kernels": r["kernels"]["per_step"],
         "parts": r["parts"],

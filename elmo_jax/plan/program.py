@@ -35,6 +35,12 @@ class CompiledStep:
         return m["argument"] + m["temp"] + m["output"] - m["alias"]
 
 
+def memory_of(compiled) -> dict[str, int]:
+    """A compiled program's argument, output, alias and temp bytes per device."""
+    stats = compiled.memory_analysis()
+    return {key: int(getattr(stats, f"{key}_size_in_bytes")) for key in ("argument", "output", "alias", "temp")}
+
+
 def quiet_accelerator_plugins() -> None:
     """Before JAX starts its backends: run on the CPU here, so that an installed GPU plugin does
     not look for a GPU, CUDA and cuDNN, which a deviceless compile does not need."""
@@ -91,9 +97,7 @@ def compile_train_step(
         compiled = step.lower(state, batch).compile()
         seconds = time.perf_counter() - start
         lstm_schedule = schedule(model)
-    stats = compiled.memory_analysis()
-    memory = {key: int(getattr(stats, f"{key}_size_in_bytes")) for key in ("argument", "output", "alias", "temp")}
-    return CompiledStep(compiled.as_text(), memory, per_device_batch, T, devices, lstm_schedule, seconds)
+    return CompiledStep(compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds)
 
 
 def largest_batch(
