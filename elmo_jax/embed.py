@@ -10,15 +10,19 @@ The token layer is context-free, so each call encodes every distinct word of its
 pieces of ENCODER_CHUNK, each piece's character columns cut to its longest word plus the widest
 filter), and the rows gather those vectors for the LSTMs (`lstm_layers_of_streams`), which
 run WINDOW steps per call, carrying their state: one compiled program per row count, whatever
-the sentence lengths. Stateless, the sentences are packed back to back into the rows of each
-round (`pack_rounds`), the state restarting at each one, so that almost no position is
-padding. Exact: the same layers as `bilm_layers` on the full char ids.
+the sentence lengths. Where layer 0 runs in a loop of its own (the layers schedule, on CPU), its
+input half of the gates is context-free too: computed once per distinct word
+(`token_input_gates`, at most MAX_GATE_TABLE_BYTES) and gathered, not computed at every
+position (a fifth of the LSTMs' matmul work at the published sizes). Stateless, the sentences
+are packed back to back into the rows of each round (`pack_rounds`), the state restarting at
+each one, so that almost no position is padding. Exact: the same layers as `bilm_layers` on
+the full char ids.
 
 Rows are split over this process's devices (`devices`: all by default), params replicated;
 each device runs its own rows, so the vectors are those of one device.
 
 Memory is bounded by tokens, not rows: a round holds at most `max_tokens` positions, so a very
-long line runs alone.
+long line runs alone; the table of gates holds at most MAX_GATE_TABLE_BYTES.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from elmo_jax.compile_time import CompileClock
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.local_devices import LocalDevices
-from elmo_jax.model.bilm import lstm_layers_of_streams
-from elmo_jax.model.lstm import LSTMState
+from elmo_jax.model.bilm import lstm_layers_of_streams, token_input_gates
+from elmo_jax.model.lstm import LSTMState, schedule
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
 from elmo_jax.outputs import replacing
@@ -57,6 +61,7 @@ ENCODER_CHUNK = 2048  # words the char CNN encodes at once (its activations domi
 MAX_TOKENS = 8192  # positions (rows x length) per stateless round of rows
 MAX_SENTENCE_TOKENS = 100_000  # a longer line is refused: most likely not one sentence
 WINDOW = 8  # LSTM steps per call (lengths are padded to a multiple of it)
+MAX_GATE_TABLE_BYTES = 1 << 30  # layer 0's input gates per distinct word (float32); above it, per position
 
 
 def length_bucket(n: int) -> int:
@@ -75,9 +80,14 @@ def _jitted_token_encoder(config: ModelConfig):
 
 
 @functools.cache
+def _jitted_token_gates(config: ModelConfig):
+    return jax.jit(lambda lstm_params, table_UP: token_input_gates(lstm_params, table_UP, config))
+
+
+@functools.cache
 def _jitted_lstm_window(config: ModelConfig):
-    def window(lstm_params, table_UP, ids_2BW, mask_BW, state, reset_BW):
-        return lstm_layers_of_streams(lstm_params, table_UP, ids_2BW, mask_BW, state, config, reset_BW)
+    def window(lstm_params, table_UP, gates_2UG, ids_2BW, mask_BW, state, reset_BW):
+        return lstm_layers_of_streams(lstm_params, table_UP, ids_2BW, mask_BW, state, config, reset_BW, gates_2UG)
 
     return jax.jit(window)
 
@@ -162,7 +172,7 @@ class Embedder:
         # Each position's row in the table of the call's distinct words.
         cache_rows = [self.chars.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences]
         distinct, inverse = np.unique(np.concatenate(cache_rows), return_inverse=True)
-        self.table_rows = max(self.table_rows, bucket_size(len(distinct)))
+        self.table_rows = max(self.table_rows, self.devices.round_up(bucket_size(len(distinct))))
         table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
         ends = np.cumsum([len(r) for r in cache_rows])
         positions = np.split(inverse.astype(np.int32), ends[:-1])
@@ -170,20 +180,46 @@ class Embedder:
 
         with concurrent.futures.ThreadPoolExecutor(1) as compiler:  # the LSTM programs, while the words are encoded
             done = {rows for rows, table_rows in self.compiled if table_rows == len(table)}
+            if not done and self._uses_gates(len(table)):  # a new table size
+                compiler.submit(self._compile_gates, len(table))
             for rows in {self._rows(len(lanes)) for lanes in rounds} - done:
                 compiler.submit(self._compile_lstm, rows, table.shape)
             words = self.chars.lookup(distinct)
             table[: len(distinct)] = encode_words(
                 self.model, words, devices=self.devices, params=self.params["token_encoder"]
             )
-            table_UP = jax.device_put(table, self.devices.replicated)
+            on_device = jax.device_put(table, self.devices.replicated), self._gates(table)
         for lanes in rounds:
-            yield [i for lane in lanes for i in lane], self._run(lanes, positions, table, table_UP)
+            yield [i for lane in lanes for i in lane], self._run(lanes, positions, table, on_device)
+
+    def _uses_gates(self, table_rows: int) -> bool:
+        """Whether the LSTMs gather layer 0's input gates from a table of the words' (see the
+        module's docstring)."""
+        table_bytes = 2 * table_rows * 4 * self.config.lstm.dim * 4
+        return schedule(self.config) == "layers" and table_bytes <= MAX_GATE_TABLE_BYTES
+
+    def _gates(self, table: np.ndarray) -> jax.Array | None:
+        """The words' `token_input_gates` (2, U, 4C), replicated (each device computes its share
+        of the words'), or None where they are computed at each position."""
+        if not self._uses_gates(len(table)):
+            return None
+        gates = _jitted_token_gates(self.config)(self.params["lstm"], jax.device_put(table, self.devices.sharded_on(0)))
+        return jax.device_put(gates, self.devices.replicated)
 
     def _rows(self, lanes: int) -> int:
         """The rows of a round of this many lanes."""
         rows = self.batch_size if self.stateful else rows_bucket(lanes, self.batch_size)
         return self.devices.round_up(rows)
+
+    def _compile_gates(self, table_rows: int) -> None:
+        """Compiles `_gates`'s program for a table of `table_rows` (on the side, as `_compile_lstm`)."""
+        table = jax.ShapeDtypeStruct(
+            (table_rows, self.config.lstm.projection_dim), np.float32, sharding=self.devices.sharded_on(0)
+        )
+        _jitted_token_gates(self.config).lower(self._lstm_params_shape(), table).compile()
+
+    def _lstm_params_shape(self):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params["lstm"])
 
     def _compile_lstm(self, rows: int, table_shape: tuple[int, int]) -> None:
         """Compiles the LSTM window program for rounds of `rows` (run on the side: `_run`'s
@@ -191,8 +227,13 @@ class Embedder:
         state = jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))
         shaped = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
         args = (
-            jax.tree.map(lambda x: shaped(x, x.sharding), self.params["lstm"]),
+            self._lstm_params_shape(),
             jax.ShapeDtypeStruct(table_shape, np.float32, sharding=self.devices.replicated),
+            jax.ShapeDtypeStruct(
+                (2, table_shape[0], 4 * self.config.lstm.dim), np.float32, sharding=self.devices.replicated
+            )
+            if self._uses_gates(table_shape[0])
+            else None,
             jax.ShapeDtypeStruct((2, rows, WINDOW), np.int32, sharding=self.devices.sharded_on(1)),
             jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=self.devices.sharded_on(0)),
             jax.tree.map(lambda x: shaped(x, self.devices.sharded_on(2)), state),
@@ -208,12 +249,17 @@ class Embedder:
         return LSTMState(*(jax.device_put(np.zeros(x.shape, np.float32), self.devices.sharded_on(2)) for x in shapes))
 
     def _run(
-        self, lanes: list[list[int]], positions: list[np.ndarray], table: np.ndarray, table_UP: jax.Array
+        self,
+        lanes: list[list[int]],
+        positions: list[np.ndarray],
+        table: np.ndarray,
+        on_device: tuple[jax.Array, jax.Array | None],
     ) -> list[np.ndarray]:
         """One round: sentences packed into rows (`lanes`: the sentence indices of each row, back
-        to back) -> one (L + 1, n, 2P) array per sentence, in the lanes' order. The LSTMs run
-        WINDOW steps per call, the state carried from window to window and restarted at each
-        sentence a row holds after its first."""
+        to back) -> one (L + 1, n, 2P) array per sentence, in the lanes' order. `on_device`: the
+        table and its gates (`_gates`) on the devices. The LSTMs run WINDOW steps per call, the
+        state carried from window to window and restarted at each sentence a row holds after its
+        first."""
         ids_2BT, mask_BT, reset_BT, slots = padded_streams(
             [[positions[i] for i in lane] for lane in lanes], self._rows(len(lanes))
         )
@@ -224,7 +270,7 @@ class Embedder:
             window = slice(start, start + WINDOW)
             ids = jax.device_put(ids_2BT[:, :, window], self.devices.sharded_on(1))
             mask, reset = jax.device_put(mask_BT[:, window], on_rows), jax.device_put(reset_BT[:, window], on_rows)
-            out, state = run(self.params["lstm"], table_UP, ids, mask, state, reset)
+            out, state = run(self.params["lstm"], *on_device, ids, mask, state, reset)
             windows.append(out)
         if self.stateful:
             self.state = state

@@ -10,6 +10,7 @@ import pytest
 from cli import run_cli
 from tiny_models import tiny_options
 
+from elmo_jax import embed
 from elmo_jax.config import ModelConfig
 from elmo_jax.embed import Embedder, encode_words
 from elmo_jax.model.bilm import bilm_layers, init_params
@@ -38,9 +39,19 @@ def test_words_encoded_in_length_sorted_pieces_equal_the_full_columns(model):
     np.testing.assert_allclose(encode_words(model, chars, chunk=7), full, atol=1e-6)
 
 
-@pytest.mark.parametrize("schedule", ["layers", "wavefront"])
-def test_the_embedder_equals_the_biLM_on_every_position(model, schedule):
+@pytest.mark.parametrize(
+    "schedule, gate_table",
+    [("layers", True), ("layers", False), ("wavefront", False)],
+    ids=["layers", "layers-per-position", "wavefront"],
+)
+def test_the_embedder_equals_the_biLM_on_every_position(model, schedule, gate_table, monkeypatch):
+    """Layer 0's input gates gathered from a table of the words' (the layers schedule, within
+    MAX_GATE_TABLE_BYTES) or computed at each position."""
     model = dataclasses.replace(model, config=dataclasses.replace(model.config, lstm_schedule=schedule))
+    if not gate_table:
+        monkeypatch.setattr(embed, "MAX_GATE_TABLE_BYTES", 0)
+    tables, original = [], Embedder._gates
+    monkeypatch.setattr(Embedder, "_gates", lambda self, t: tables.append(original(self, t)) or tables[-1])
     rng = np.random.default_rng(1)
     sentences = [words_of_every_length(rng, int(n)) for n in rng.integers(0, 13, size=16)]
     table = CharTable()
@@ -57,6 +68,7 @@ def test_the_embedder_equals_the_biLM_on_every_position(model, schedule):
             layers, _, state = bilm_layers(model.params, chars, state, model.config)
             for i, s in enumerate(batch):
                 np.testing.assert_allclose(got[start + i], np.asarray(layers)[:, i, 1 : len(s) + 1], atol=1e-6)
+    assert tables and all((t is not None) == gate_table for t in tables)
 
 
 def test_a_second_embed_run_compiles_nothing(tmp_path, fixtures_dir):

@@ -7,7 +7,16 @@ import pytest
 from float32_tolerance import assert_within_rounding, value_and_rounding_spread
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig
-from elmo_jax.model.lstm import LSTMState, _Clips, _Stack, _wave_forward, _wavefront, dropout_keep_masks, lstm_stacks
+from elmo_jax.model.lstm import (
+    LSTMState,
+    _Clips,
+    _Stack,
+    _wave_forward,
+    _wavefront,
+    dropout_keep_masks,
+    input_gates,
+    lstm_stacks,
+)
 
 RATE = 0.3
 
@@ -113,6 +122,29 @@ def test_stacks_match_numpy_layer_after_layer(n_layers, skip, schedule):
             for name, got, w, s in zip(["outputs", "h", "c"], (out, new.h, new.c), want, spread):
                 assert_within_rounding(got, w, s, name)
     assert (np.asarray(out)[:, :, ~mask] == 0).all()
+
+
+def test_precomputed_input_gates_need_layer_0_in_a_loop_of_its_own():
+    """They replace the input matmul before layer 0's own loop; the wavefront has none to replace."""
+    config, params, x, mask, state, _ = random_case(2, True)
+    gates = input_gates(params["layer_0"]["W_0"], params["layer_0"]["B"], x)
+    reset = np.zeros_like(mask)
+    layers = dataclasses.replace(config, lstm_schedule="layers")
+    want, _ = lstm_stacks(params, x, mask, state, layers, reset_BT=reset)
+    got, _ = lstm_stacks(params, x, mask, state, layers, reset_BT=reset, gates_2BTG=gates)
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    moved, _ = lstm_stacks(params, x, mask, state, layers, reset_BT=reset, gates_2BTG=gates + 1.0)
+    assert np.abs(np.asarray(moved) - np.asarray(want)).max() > 0.1  # they are what layer 0 reads
+    with pytest.raises(ValueError, match="layers schedule"):
+        lstm_stacks(
+            params,
+            x,
+            mask,
+            state,
+            dataclasses.replace(config, lstm_schedule="wavefront"),
+            reset_BT=reset,
+            gates_2BTG=gates,
+        )
 
 
 GRADIENTS = ["W_0", "B", "W_P_0", "x", "h0", "c0"]

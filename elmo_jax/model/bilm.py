@@ -15,7 +15,7 @@ import numpy as np
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
-from elmo_jax.model.lstm import LSTMState, apply_dropout, init_lstm, lstm_stacks
+from elmo_jax.model.lstm import LSTMState, apply_dropout, init_lstm, input_gates, lstm_stacks
 from elmo_jax.model.token_encoder import encode_tokens, init_token_encoder
 
 
@@ -76,14 +76,27 @@ def lstm_layers_of_streams(
     state: LSTMState,
     config: ModelConfig,
     reset_BT: jax.Array | None = None,
+    gates_2UG: jax.Array | None = None,
 ) -> tuple[jax.Array, LSTMState]:
     """Encoded tokens (U, P) at the positions of the forward stream and of the backward stream
     (each sentence reversed in place) (2, B, T), mask (B, T) -> every LSTM layer (L, 2, B, T, P),
     0 where masked, and the new state: `layers_of_tokens`'s LSTMs, in a form that runs a window
     of steps at a time, carrying the state, with several sentences in a row (the state
-    restarts from zero where `reset_BT` is True: each sentence's first position but a row's)."""
+    restarts from zero where `reset_BT` is True: each sentence's first position but a row's).
+    `gates_2UG`: `token_input_gates` of tokens_UP, gathered instead of computed at each position
+    (the layers schedule only)."""
     x_2BTP = jnp.where(mask_BT[None, :, :, None], tokens_UP[ids_2BT], 0.0)
-    return lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config, reset_BT=reset_BT)
+    gates_2BTG = None if gates_2UG is None else gates_2UG[jnp.arange(2)[:, None, None], ids_2BT]
+    return lstm_stacks(lstm_params, x_2BTP, mask_BT, state, config, reset_BT=reset_BT, gates_2BTG=gates_2BTG)
+
+
+def token_input_gates(lstm_params: Params, tokens_UP: jax.Array, config: ModelConfig) -> jax.Array:
+    """Layer 0's input half of the gates for each distinct token (U, P), both directions ->
+    (2, U, 4C): where layer 0 runs in a loop of its own, its inputs are context-free, so their
+    gates can be computed once per token instead of once per position."""
+    layer = lstm_params["layer_0"]
+    x_2UP = jnp.broadcast_to(tokens_UP, (2, *tokens_UP.shape))
+    return input_gates(layer["W_0"], layer["B"], x_2UP, config.compute_dtype)
 
 
 def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:

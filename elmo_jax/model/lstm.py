@@ -141,7 +141,16 @@ def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Arra
     return jax.lax.dynamic_update_index_in_dim(buffer, value, s, axis=axis)
 
 
-def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, residuals: bool, reset_BT=None):
+def input_gates(W_0: jax.Array, b: jax.Array, x_DNP: jax.Array, dtype: str = "float32") -> jax.Array:
+    """One layer's input half of the gates of each direction, x @ W_0[:P] + b: W_0 (D, 2P, 4C),
+    b (D, 4C), inputs (D, ..., P) -> (D, ..., 4C)."""
+    P = x_DNP.shape[-1]
+    return einsum("d...p,dpg->d...g", x_DNP, W_0[:, :P], dtype) + jnp.expand_dims(b, range(1, x_DNP.ndim - 1))
+
+
+def _wave_forward(
+    W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, residuals: bool, reset_BT=None, gates_DBTG=None
+):
     """-> (outputs (L, D, B, T, P), final h (L, D, B, P), final c (L, D, B, C)) and what the
     backward pass reads. Loop step s runs layer l at time s - l for every l (a slot outside
     0..T-1 is masked, so it changes nothing), batched over layers and directions; layer l + 1
@@ -149,12 +158,12 @@ def _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _St
     matmul [input; h] @ W_0; one layer (L = 1) runs its input half for all T steps in one matmul
     before the loop, so that each step reads only the recurrent weights. Where `reset_BT` is
     True the state restarts from zero (another sentence in the row; inference only, without
-    residuals)."""
+    residuals). `gates_DBTG`: one layer's `input_gates` of x, already computed."""
     L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
     S = T + L - 1
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
     if L == 1:
-        gates_x_1DBSG = (einsum("dbsp,dpg->dbsg", x_DBSP, W_0[0, :, :P], st.dtype) + b[0, :, None, None])[None]
+        gates_x_1DBSG = (input_gates(W_0[0], b[0], x_DBSP, st.dtype) if gates_DBTG is None else gates_DBTG)[None]
     # The weights the loop reads (one layer: h's half), sliced and cast here, once: XLA would
     # slice and convert a loop-invariant weight again at every step.
     W_loop = (W_0[:, :, P:] if L == 1 else W_0).astype(st.dtype)
@@ -326,6 +335,7 @@ def lstm_stacks(
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
     reset_BT: jax.Array | None = None,
+    gates_2BTG: jax.Array | None = None,
 ) -> tuple[jax.Array, LSTMState]:
     """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state.
 
@@ -337,7 +347,8 @@ def lstm_stacks(
     run as `schedule(config)` says, to the same numbers. `reset_BT` (B, T; bool) restarts the
     state from zero where True, so that a row can hold several sentences back to back; it is
     for inference: with it, gradients come from JAX's own differentiation of the loop, not the
-    hand-written one.
+    hand-written one. `gates_2BTG` (2, B, T, 4C): layer 0's `input_gates` of x_2BTP, already
+    computed (gathered from a table of distinct tokens), for the layers schedule and with `reset_BT`.
     """
     cfg = config.lstm
     st = _Stack(
@@ -352,6 +363,8 @@ def lstm_stacks(
         if schedule(config) == "wavefront"
         else [range(layer, layer + 1) for layer in range(cfg.n_layers)]
     )
+    if gates_2BTG is not None and (len(groups[0]) > 1 or reset_BT is None):
+        raise ValueError("precomputed input gates need layer 0 in a loop of its own (the layers schedule) and reset_BT")
     outputs, hs, cs, layer_in = [], [], [], x_2BTP
     for layers in groups:  # one time loop each
         first, L = layers[0], len(layers)
@@ -363,7 +376,8 @@ def lstm_stacks(
         if reset_BT is None:
             out, h, c = _wavefront(*stacked, layer_in, mask_BT, keep, h0, c0, st)
         else:
-            (out, h, c), _ = _wave_forward(*stacked, layer_in, mask_BT, keep, h0, c0, st, False, reset_BT)
+            gates = gates_2BTG if first == 0 else None
+            (out, h, c), _ = _wave_forward(*stacked, layer_in, mask_BT, keep, h0, c0, st, False, reset_BT, gates)
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
             out = out.at[0].set(jnp.where(mask_BT[None, :, :, None], out[0] + layer_in, 0.0))
         outputs.append(out)
