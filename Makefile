@@ -9,7 +9,7 @@ PYTHON ?= $(or $(PY312),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-fast lint install clean
 
 install: $(VENV)/.installed-dev
 
@@ -31,6 +31,10 @@ demo: $(VENV)/.installed-demo
 # 2 workers: a compile keeps one core busy and leaves the other idle.
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+
+# The edit-test loop: no test that starts a process (tests/conftest.py), none marked slow.
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not launches and not slow"
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .

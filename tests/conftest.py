@@ -6,9 +6,14 @@ the commands do: elmo_jax/cli.py main), and the location of the shared fixtures 
 
 Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
 (as .ci/run sets), which makes their absence a failure.
+
+A test that starts a process (the command line, a script: each Python process imports JAX and
+compiles, seconds) must be marked `launches`, so that `make test-fast` (`-m "not launches and
+not slow"`) leaves it out; one that is not marked and starts one fails, naming the marker.
 """
 
 import os
+import subprocess
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -33,6 +38,17 @@ jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_where_marked(request, monkeypatch):
+    if request.node.get_closest_marker("launches"):
+        return
+
+    def refuse(self, args, *rest):
+        pytest.fail(f"{request.node.nodeid} starts a process ({args!r:.80}): mark it @pytest.mark.launches")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
 
 
 @pytest.fixture(scope="session")

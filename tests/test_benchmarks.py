@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--config=cpu_peer", "--per-device-batch=2"]  # cpu_peer: a 5,000-word vocabulary
 

@@ -17,6 +17,8 @@ from elmo_jax.train.divergence import TrainingDiverged
 from elmo_jax.train.evaluate_run import evaluate_workdir
 from elmo_jax.train.loop import train
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, text_data):

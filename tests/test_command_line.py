@@ -15,6 +15,7 @@ from elmo_jax.cli import COMMANDS, COMMON_FLAGS
 ELMO_JAX = Path(sys.executable).parent / "elmo-jax"  # the console script pip installs beside python
 
 
+@pytest.mark.launches
 def test_help_lists_the_commands_and_every_flag_of_each():
     top = run_cli(["--help"])
     assert top.returncode == 0 and top.stdout.startswith("usage: launch.py COMMAND")
@@ -50,6 +51,7 @@ def test_help_lists_the_commands_and_every_flag_of_each():
         (["plot", "--workdir=w", "extra"], ["unexpected arguments extra", "usage: launch.py plot"]),
     ],
 )
+@pytest.mark.launches
 def test_bad_command_lines_are_one_line_with_the_usage_and_exit_2(args, fragments):
     assert_one_line_error(run_cli(args), 2, *fragments)
 
@@ -61,6 +63,7 @@ def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 @pytest.mark.skipif(not ELMO_JAX.is_file(), reason=f"elmo_jax is not installed ({ELMO_JAX} not found)")
 def test_installed_command_trains_a_packaged_experiment_from_any_folder(tmp_path, text_data):
@@ -93,6 +96,7 @@ def test_installed_command_trains_a_packaged_experiment_from_any_folder(tmp_path
     assert_one_line_error(run_cli(["plot", f"--workdir={workdir}", f"--output={picture}"]), 2, "already exists")
 
 
+@pytest.mark.launches
 def test_the_wheel_holds_the_package_and_the_experiments(tmp_path):
     """What `pip install .` installs: every module of elmo_jax, the experiments, the command."""
     import importlib.util

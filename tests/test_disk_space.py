@@ -12,6 +12,8 @@ from test_training_run import cli_train_args
 
 from elmo_jax.checkpoint import verify_step
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 
 @pytest.fixture
 def small_disk(tmp_path):

@@ -71,6 +71,7 @@ def test_the_embedder_equals_the_biLM_on_every_position(model, schedule, gate_ta
     assert tables and all((t is not None) == gate_table for t in tables)
 
 
+@pytest.mark.launches
 def test_a_second_embed_run_compiles_nothing(tmp_path, fixtures_dir):
     src = tmp_path / "in.txt"
     src.write_text("the river bank\n\na much longer sentence about the money in the bank\nshort\n")

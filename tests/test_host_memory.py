@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 SCRIPT = """
 import json, resource, sys
 from elmo_jax.host_memory import keep_freed_memory

@@ -88,6 +88,7 @@ def losses(workdir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path, text_data):
     one, two = tmp_path / "one", tmp_path / "two"
@@ -106,6 +107,7 @@ def test_two_processes_train_like_one(tmp_path, text_data):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 def test_sigterm_to_one_process_saves_the_same_step_in_all(tmp_path, text_data):
     procs = start_processes(train_args(text_data, tmp_path, 100_000), 2, 2)
@@ -121,6 +123,7 @@ def test_sigterm_to_one_process_saves_the_same_step_in_all(tmp_path, text_data):
     assert all(f"saved the checkpoint at step {saved}, exiting" in out for out in outs)
 
 
+@pytest.mark.launches
 def test_an_unreachable_coordinator_fails_naming_it(tmp_path, text_data):
     port = free_port()
     args = train_args(text_data, tmp_path, 2) + [

@@ -54,6 +54,7 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
     assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # replaced whole: nothing stale kept
 
 
+@pytest.mark.launches
 def test_commands_refuse_to_overwrite_their_inputs_and_existing_outputs(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the river bank\nthe money bank\n")
@@ -104,6 +105,7 @@ def _kill_while_writing(args, target, seed: int) -> bool:
     return False
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_one(tmp_path, random_model, text_data):
     model = [f"--options={random_model / 'options.json'}", f"--weights={random_model / 'weights.hdf5'}"]
@@ -155,6 +157,7 @@ def _ended_pid() -> int:
     return process.pid
 
 
+@pytest.mark.launches
 def test_what_ended_processes_left_beside_an_output_is_cleared_by_the_next_writer(tmp_path, caplog):
     """A kill between the two renames of a folder swap leaves the old folder aside and no
     target: it is put back. Temporaries of ended processes go; a live process's stay."""

@@ -107,6 +107,7 @@ def test_bfloat16_convolutions_run_in_bfloat16(planned):
     assert {k.dtype for k in forward} == {"bf16"} and {k.dtype for k in convs if k not in forward} == {"f32"}
 
 
+@pytest.mark.launches
 def test_gradients_are_summed_over_devices_in_float32(tmp_path):
     """With bfloat16 matmuls, every floating-point all-reduce of the 2-device step (the
     gradients, the token vectors' gradient, the losses) sums float32 values."""

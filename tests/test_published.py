@@ -173,6 +173,7 @@ def test_a_url_that_is_not_an_options_file_is_refused(mirror):
         load_model(f"{mirror.url}/{SMALL}/{WEIGHTS}")
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 def test_the_commands_take_a_published_name(mirror, tmp_path):
     text = tmp_path / "in.txt"

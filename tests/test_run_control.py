@@ -13,6 +13,7 @@ def _saved_steps(workdir):
     return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 def test_one_trainer_per_workdir_sigint_saves_and_a_stale_lock_is_taken_over(tmp_path, text_data):
     workdir = tmp_path / "run"
@@ -39,6 +40,7 @@ def test_one_trainer_per_workdir_sigint_saves_and_a_stale_lock_is_taken_over(tmp
     assert f"taking over {workdir / 'train.lock'}" in fourth.stdout and f"pid {third.pid}" in fourth.stdout
 
 
+@pytest.mark.launches
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["imports", "start-up"])
 def test_sigterm_before_the_first_step_exits_0(tmp_path, text_data, moment):

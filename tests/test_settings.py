@@ -71,6 +71,7 @@ def test_weight_files_that_point_outside_themselves_are_refused(tmp_path, fixtur
         load_weights(linked, config)
 
 
+@pytest.mark.launches
 def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
     options = json.loads((fixtures_dir / "elmo" / "options.json").read_text())
     options["lstm"]["use_skip_connections"] = "false"

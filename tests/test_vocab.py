@@ -59,6 +59,7 @@ def test_counts_are_a_counter():
     assert isinstance(count_words([]), collections.Counter)
 
 
+@pytest.mark.launches
 def test_vocab_command_counts_a_stream_in_bilm_tf_order(tmp_path):
     root = Path(__file__).resolve().parent.parent
     # Counts: the 5, a 4 (tie with b), b 4, c 2, d 1; sentences in two files.
