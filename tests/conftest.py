@@ -1,19 +1,21 @@
 """Shared test set-up: JAX on CPU with 8 devices (to test sharding; code that should use one
 sets config.train.devices = 1) compiled without LLVM's optimizations, full float32 matmuls, a
 persistent compile cache, freed host memory kept in the process (elmo_jax/host_memory.py, as
-the commands do: elmo_jax/cli.py main), and the location of the shared fixtures (ELMO_JAX_FIXTURES, default
+the commands do: elmo_jax/commands/process.py), and the location of the shared fixtures (ELMO_JAX_FIXTURES, default
 ../shared/fixtures).
 
 Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
 (as .ci/run sets), which makes their absence a failure.
 
-A test that starts a process (the command line, a script: each Python process imports JAX and
-compiles, seconds) must be marked `launches`, so that `make test-fast` (`-m "not launches and
-not slow"`) leaves it out; one that is not marked and starts one fails, naming the marker.
+A test that starts a Python process (the command line, a script: each imports JAX and compiles,
+seconds) must be marked `launches`, so that `make test-fast` (`-m "not launches and not slow"`)
+leaves it out; one that is not marked and starts one fails, naming the marker. (Other programs,
+such as those matplotlib and `platform` run once, are let through.)
 """
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -40,15 +42,23 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 
 
+def _is_python(args, executable) -> bool:
+    program = os.fsdecode(executable or (args if isinstance(args, (str, bytes, os.PathLike)) else args[0]))
+    return program == sys.executable or Path(program.split()[0]).name.startswith(("python", "elmo-jax"))
+
+
 @pytest.fixture(autouse=True)
-def _processes_only_where_marked(request, monkeypatch):
+def _python_processes_only_where_marked(request, monkeypatch):
     if request.node.get_closest_marker("launches"):
         return
+    start = subprocess.Popen._execute_child
 
-    def refuse(self, args, *rest):
-        pytest.fail(f"{request.node.nodeid} starts a process ({args!r:.80}): mark it @pytest.mark.launches")
+    def refuse_python(self, args, executable, *rest):
+        if _is_python(args, executable):
+            pytest.fail(f"{request.node.nodeid} starts a Python process ({args!r:.80}): mark it launches")
+        return start(self, args, executable, *rest)
 
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse_python)
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ def run_with_checkpoints(tmp_path, text_data):
     return tmp_path
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_loss_that_stays_at_twice_its_lowest_stops_and_sets_aside_what_was_saved_since(run_with_checkpoints):
     workdir = run_with_checkpoints
     checkpoints = Checkpoints(workdir / "checkpoints", every=2)
@@ -62,7 +62,7 @@ def test_the_finite_rules_are_off_at_factor_0_but_a_non_finite_loss_still_stops(
         feed(check, {6: math.nan})
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_loss_far_past_a_uniform_guess_stops_before_the_save(tmp_path, text_data):
     """The run's first update explodes the loss (finite); the log window is longer than the run,
     so the check before the save at step 4 catches it."""
@@ -74,7 +74,7 @@ def test_a_loss_far_past_a_uniform_guess_stops_before_the_save(tmp_path, text_da
     assert saved_steps(tmp_path) == []
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_non_finite_heldout_perplexity_stops_and_sets_aside_its_checkpoint(tmp_path, text_data, monkeypatch):
     """Training stays finite; the held-out evaluation of step 4's params does not."""
     real = loop.evaluate

@@ -157,7 +157,7 @@ def _ended_pid() -> int:
     return process.pid
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_what_ended_processes_left_beside_an_output_is_cleared_by_the_next_writer(tmp_path, caplog):
     """A kill between the two renames of a folder swap leaves the old folder aside and no
     target: it is put back. Temporaries of ended processes go; a live process's stay."""

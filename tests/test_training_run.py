@@ -64,7 +64,7 @@ def losses(workdir):
     return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_resume_continues_the_same_computation(tmp_path, text_data):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     final = train(tiny_config(text_data, max_steps=12), straight)
@@ -79,7 +79,7 @@ def test_resume_continues_the_same_computation(tmp_path, text_data):
     assert json.loads((straight / "config.json").read_text())["train"]["max_steps"] == 12
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_shared_order_run_resumes_in_its_order_as_do_workdirs_older_than_the_setting(tmp_path, text_data):
     def shared(max_steps):
         config = tiny_config(text_data, max_steps=max_steps)
@@ -101,7 +101,7 @@ def test_a_shared_order_run_resumes_in_its_order_as_do_workdirs_older_than_the_s
     assert [got[s] for s in range(4, 7)] == [want[s] for s in range(4, 7)]
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, text_data, caplog):
     """Trained with the full softmax (config.train.sample_softmax false), exported, reimported."""
     from elmo_jax import Elmo, batch_to_ids
@@ -138,7 +138,7 @@ def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, te
     assert load_model(tmp_path / "run").options["sample_softmax"] is True
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_epochs_derive_the_run_length(tmp_path, text_data):
     result = train(tiny_config(text_data, n_epochs=1.0, checkpoint_every=1000), tmp_path)
     positions = sum(len(line.split()) + 1 for line in (text_data / "train.txt").read_text().splitlines())
@@ -148,7 +148,7 @@ def test_epochs_derive_the_run_length(tmp_path, text_data):
     )
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_workdir_of_another_model_fails_naming_the_fields(tmp_path, text_data):
     train(tiny_config(text_data, max_steps=2), tmp_path)
     other = tiny_config(text_data, max_steps=4)
@@ -159,7 +159,7 @@ def test_a_workdir_of_another_model_fails_naming_the_fields(tmp_path, text_data)
         train(other, tmp_path)
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_divergence_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_data):
     config = tiny_config(text_data, max_steps=10, checkpoint_every=1, learning_rate=1e38)
     with pytest.raises(TrainingDiverged, match=r"step (\d+): loss .* latest checkpoint \(step \d+\)"):
@@ -274,7 +274,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path, text_data):
     assert "SIGTERM" in out and saved == max(losses(workdir))  # the step it stopped at, saved
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_model_and_keeps_known_words(tmp_path, text_data):
     from elmo_jax.model.bilm import init_params
     from elmo_jax.model_io import load_model
@@ -308,7 +308,7 @@ def test_fine_tuning_starts_from_the_model_and_keeps_known_words(tmp_path, text_
         )
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_a_vocabulary_that_does_not_fit_the_checkpoint_fails_naming_both_sizes(tmp_path, text_data):
     from elmo_jax.model_io import load_model
 
@@ -323,7 +323,7 @@ def test_a_vocabulary_that_does_not_fit_the_checkpoint_fails_naming_both_sizes(t
         load_model(tmp_path)
 
 
-@pytest.mark.launches
+@pytest.mark.slow
 def test_fine_tuning_from_bilm_tf_files_under_their_own_names(tmp_path, text_data, fixtures_dir):
     """The AllenNLP fixture folder holds options.json + lm_weights.hdf5 (and other HDF5 files)."""
     config = tiny_config(text_data, max_steps=1, init_from=str(fixtures_dir / "elmo"))
