@@ -1,5 +1,5 @@
 """The command line: `elmo-jax COMMAND --flag=value ...`, `python -m elmo_jax ...` and
-`python launch.py ...` all come here (the commands are in elmo_jax/cli.py)."""
+`python launch.py ...` all come here (elmo_jax/cli.py parses, elmo_jax/commands/ runs)."""
 
 import os
 import signal

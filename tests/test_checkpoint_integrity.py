@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from test_training_run import losses, tiny_config
 
+from elmo_jax.commands.eval import evaluate_workdir
 from elmo_jax.errors import UserError
 from elmo_jax.train import loop
 from elmo_jax.train.divergence import TrainingDiverged
-from elmo_jax.train.evaluate_run import evaluate_workdir
 from elmo_jax.train.loop import train
 
-pytestmark = pytest.mark.launches  # every test here starts processes
+pytestmark = pytest.mark.slow  # every test here trains a model
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +97,12 @@ def test_non_finite_state_is_never_saved(tmp_path, text_data, monkeypatch):
 
 def test_eval_of_a_non_finite_model_fails(tmp_path, text_data, monkeypatch):
     from elmo_jax.errors import RunFailed
-    from elmo_jax.train import evaluate_run
+    from elmo_jax.train import evaluate as evaluation
 
     train(tiny_config(text_data, max_steps=4), tmp_path)
-    real = evaluate_run.evaluate
+    real = evaluation.evaluate
     monkeypatch.setattr(
-        evaluate_run, "evaluate", lambda params, *a, **k: real(jax.tree.map(lambda x: x * np.nan, params), *a, **k)
+        evaluation, "evaluate", lambda params, *a, **k: real(jax.tree.map(lambda x: x * np.nan, params), *a, **k)
     )
     with pytest.raises(RunFailed, match="perplexity is not finite"):
         evaluate_workdir(tmp_path)

@@ -10,7 +10,8 @@ import pytest
 from cli import ROOT, assert_one_line_error, run_cli, strict_json
 from test_training_run import TINY_FLAGS
 
-from elmo_jax.cli import COMMANDS, COMMON_FLAGS
+from elmo_jax.commands import COMMANDS
+from elmo_jax.commands.flags import COMMON_FLAGS
 
 ELMO_JAX = Path(sys.executable).parent / "elmo-jax"  # the console script pip installs beside python
 

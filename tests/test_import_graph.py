@@ -21,11 +21,12 @@ FORBIDDEN = {
     "elmo_jax.model": ("elmo_jax.train", "elmo_jax.text", "elmo_jax.interop", "elmo_jax.workdir", "elmo_jax.model_io"),
     "elmo_jax.text": ("elmo_jax.train", "elmo_jax.model", "elmo_jax.interop", "elmo_jax.workdir", "elmo_jax.model_io"),
     "elmo_jax.interop": ("elmo_jax.train", "elmo_jax.text", "elmo_jax.workdir", "elmo_jax.model_io"),
-    "elmo_jax.workdir": ("elmo_jax.train", "elmo_jax.model_io", "elmo_jax.cli"),
-    "elmo_jax.checkpoint": ("elmo_jax.train", "elmo_jax.workdir", "elmo_jax.cli"),
-    "elmo_jax.model_io": ("elmo_jax.train",),
-    "elmo_jax.embed": ("elmo_jax.train",),
-    "elmo_jax.elmo": ("elmo_jax.train",),
+    "elmo_jax.workdir": ("elmo_jax.train", "elmo_jax.model_io", "elmo_jax.cli", "elmo_jax.commands"),
+    "elmo_jax.checkpoint": ("elmo_jax.train", "elmo_jax.workdir", "elmo_jax.cli", "elmo_jax.commands"),
+    "elmo_jax.model_io": ("elmo_jax.train", "elmo_jax.cli", "elmo_jax.commands"),
+    "elmo_jax.embed": ("elmo_jax.train", "elmo_jax.cli", "elmo_jax.commands"),
+    "elmo_jax.elmo": ("elmo_jax.train", "elmo_jax.cli", "elmo_jax.commands"),
+    "elmo_jax.train": ("elmo_jax.cli", "elmo_jax.commands"),  # the trainer knows nothing of the command line
 }
 
 

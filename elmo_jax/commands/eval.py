@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from absl.flags import FlagValues
+
+from elmo_jax import strict_json
+from elmo_jax.commands.command import Command
 from elmo_jax.errors import RunFailed
-from elmo_jax.text.sources import open_corpus
-from elmo_jax.train.evaluate import evaluate
-from elmo_jax.workdir import Workdir
 
 
 def evaluate_workdir(
@@ -18,6 +19,10 @@ def evaluate_workdir(
 
     Rows carry their LSTM state from sentence to sentence, so the number depends on the batch
     size; by default it is the run's own (config.train.eval_batch_size), as in training."""
+    from elmo_jax.text.sources import open_corpus  # JAX: only once the command line is good
+    from elmo_jax.train.evaluate import evaluate
+    from elmo_jax.workdir import Workdir
+
     config, model_config, vocab, params, step = Workdir(workdir).restore_params()
     source = source or config.data.heldout or "demo"
     corpus = open_corpus(source, "heldout")
@@ -42,3 +47,17 @@ def evaluate_workdir(
         floor = result["floor_perplexity"]
         print(f"  demo corpus floor {floor:.3f}: {result['perplexity'] / floor:.3f}x the floor")
     return {**result, "step": step}
+
+
+def main(flags: FlagValues) -> None:
+    result = evaluate_workdir(flags.workdir, flags.data, flags.max_sentences or None, flags.batch_size)
+    print(strict_json.dumps(result))
+
+
+COMMAND = Command(
+    main,
+    "Held-out perplexity (full softmax) of a workdir's latest checkpoint.",
+    "--workdir=DIR [--data=SOURCE] [--max_sentences=N] [--batch_size=N]",
+    ("workdir", "data", "max_sentences", "batch_size"),
+    ("workdir",),
+)

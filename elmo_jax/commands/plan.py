@@ -1,0 +1,48 @@
+"""`elmo-jax plan`: the train step compiled for an accelerator without one (elmo_jax/plan/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl.flags import FlagValues
+
+from elmo_jax import strict_json
+from elmo_jax.commands.command import Command
+
+
+def main(flags: FlagValues) -> None:
+    from elmo_jax.plan.program import quiet_accelerator_plugins
+
+    quiet_accelerator_plugins()
+    from elmo_jax.plan.program import compile_train_step, largest_batch
+    from elmo_jax.plan.report import describe, estimate
+    from elmo_jax.plan.targets import target as find_target
+
+    target, devices = find_target(flags.target), flags.devices or 1
+    rows = flags.config.train.per_device_batch_size
+
+    def compile_at(batch: int):
+        return compile_train_step(flags.config, target, devices, batch, flags.vocab_size)
+
+    step = compile_at(rows)
+    if flags.hlo:
+        Path(flags.hlo).write_text(step.hlo)
+    result = estimate(step, target)
+    if flags.fit:
+        known = {rows: step.needs_bytes}
+        result["largest_batch"] = largest_batch(
+            lambda b: compile_at(b).needs_bytes, result["memory"]["capacity"], known
+        )
+        result["batches_compiled"] = {b: known[b] for b in sorted(known)}
+    print("\n".join(describe(result, target)))
+    print(strict_json.dumps(result))
+
+
+COMMAND = Command(
+    main,
+    "The train step compiled for an accelerator without one: kernels, memory, the largest batch that fits, "
+    "estimated tokens/s and the paper's run in hours (needs elmo_jax[plan]).",
+    "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--config.SECTION.KEY=VALUE ...]",
+    ("config", "target", "devices", "vocab_size", "fit", "hlo"),
+    ("config",),
+)

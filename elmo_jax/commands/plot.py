@@ -1,0 +1,28 @@
+"""`elmo-jax plot`: the training curves of a workdir as a PNG."""
+
+from __future__ import annotations
+
+import logging
+
+from absl.flags import FlagValues
+
+from elmo_jax.commands.command import Command
+
+log = logging.getLogger("elmo_jax")
+
+
+def main(flags: FlagValues) -> None:
+    from elmo_jax.curves import plot_curves
+
+    # The default output is the run folder's own picture, redrawn each time.
+    overwrite = flags.overwrite or flags.output is None
+    log.info("training curves: %s", plot_curves(flags.workdir, flags.output, overwrite))
+
+
+COMMAND = Command(
+    main,
+    "The training curves of a workdir (loss, held-out perplexity) as a PNG; needs matplotlib.",
+    "--workdir=DIR [--output=FILE] [--overwrite]",
+    ("workdir", "output", "overwrite"),
+    ("workdir",),
+)

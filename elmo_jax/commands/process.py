@@ -1,0 +1,76 @@
+"""The process every command runs in: logging, freed host memory kept, the persistent compile
+cache, the multi-process start-up, and errors reported as one line with their exit status."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from absl.flags import FlagValues
+
+from elmo_jax.commands.command import prog
+from elmo_jax.errors import RunFailed, UserError
+from elmo_jax.progress import log_handler
+
+
+def run_command(name: str, main: Callable[[FlagValues], None], flags: FlagValues) -> None:
+    """Sets the process up, then runs `main(flags)`. Errors the user can fix exit 2, a run that
+    cannot go on exits 1, each one line (--verbose or ELMO_JAX_TRACEBACK=1: the traceback)."""
+    from elmo_jax.compile_time import use_persistent_cache  # JAX: only once the flags are good
+    from elmo_jax.host_memory import keep_freed_memory
+
+    _setup_logging()
+    keep_freed_memory()
+    if flags.compile_cache:
+        use_persistent_cache(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elmo_jax" / "jax")
+    try:
+        _start_processes(flags)
+        main(flags)
+    except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        _report(name, e, 2, flags.verbose)
+    except (RunFailed, OSError) as e:
+        _report(name, e, 1, flags.verbose)
+    except KeyboardInterrupt:
+        print(f"{prog()} {name}: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _start_processes(flags: FlagValues) -> None:
+    """A multi-process run (--coordinator) joins the others before the command starts."""
+    if flags.coordinator is not None:
+        from elmo_jax.distributed import initialize
+
+        try:
+            initialize(flags.coordinator, flags.num_processes, flags.process_id, flags.coordinator_timeout)
+        except ConnectionError as e:
+            raise UserError(str(e)) from None
+    elif flags.num_processes is not None or flags.process_id is not None:
+        raise UserError("--num_processes and --process_id need --coordinator=HOST:PORT (or auto)")
+
+
+def _not_an_orbax_thread_error(record: logging.LogRecord) -> bool:
+    """Orbax logs a failed asynchronous save from each of its threads, with tracebacks; the
+    error also reaches the training loop, which reports it in one line."""
+    return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+def _setup_logging() -> None:
+    handler = log_handler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    handler.addFilter(_not_an_orbax_thread_error)
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    for noisy in ("absl", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _report(name: str, error: BaseException, status: int, verbose: bool) -> None:
+    """One line, unless --verbose or ELMO_JAX_TRACEBACK=1 asks for the traceback."""
+    if verbose or os.environ.get("ELMO_JAX_TRACEBACK") == "1":
+        raise error
+    print(f"{prog()} {name}: {error}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # no interpreter teardown: a failed save's threads would print their own tracebacks
