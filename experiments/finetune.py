@@ -1,4 +1,4 @@
-"""Fine-tuning a trained biLM on new text with its own vocabulary (README, "Fine-tuning").
+"""Fine-tuning a trained biLM on new text with its own vocabulary (docs/TRAINING.md, "Fine-tuning").
 
 The architecture and the starting weights come from `config.train.init_from`: a training
 workdir (e.g. `workdirs/demo` after `make demo`), a folder made by `elmo-jax import` or

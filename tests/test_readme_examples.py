@@ -1,28 +1,40 @@
-"""The README's Python examples for downstream use run as written (on the fixture model instead
-of the demo workdir, which takes minutes to train, and with fewer classifier steps)."""
+"""The Python examples of the README and of docs/DOWNSTREAM.md (up to "Embedding a file") run as
+written (on the fixture model instead of the demo workdir, which takes minutes to train, and with
+fewer classifier steps)."""
 
 import re
 
 from conftest import ROOT
 
-SECTION = ("## ELMo in your JAX model", "### Embedding a file")
+DOWNSTREAM = ("docs/DOWNSTREAM.md", "# ELMo in your JAX model", "## Embedding a file")
 
 
-def readme_python_blocks() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index(SECTION[0]) : readme.index(SECTION[1])]
+def python_blocks(path: str, start: str | None = None, end: str | None = None) -> list[str]:
+    text = (ROOT / path).read_text()
+    section = text[text.index(start) if start else 0 : text.index(end) if end else len(text)]
     return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
 
-def test_the_downstream_examples_run(fixtures_dir, capsys):
-    blocks = readme_python_blocks()
-    assert len(blocks) == 4 and any("class SenseClassifier" in b for b in blocks)
+def run_blocks(blocks: list[str], fixtures_dir, source: str) -> dict:
     namespace: dict = {}
     for block in blocks:  # the fixture model, and 5 training steps instead of 100
         block = block.replace('"workdirs/demo"', repr(str(fixtures_dir / "elmo"))).replace(
             "steps: int = 100", "steps: int = 5"
         )
-        exec(compile(block, "README.md", "exec"), namespace)
+        exec(compile(block, source, "exec"), namespace)
+    return namespace
+
+
+def test_the_readme_tour_runs(fixtures_dir):
+    (block,) = python_blocks("README.md")
+    namespace = run_blocks([block], fixtures_dir, "README.md")
+    assert namespace["vectors"].shape == (2, 3, 32)  # the fixture model: P = 16
+
+
+def test_the_downstream_examples_run(fixtures_dir, capsys):
+    blocks = python_blocks(*DOWNSTREAM)
+    assert len(blocks) == 4 and any("class SenseClassifier" in b for b in blocks)
+    namespace = run_blocks(blocks, fixtures_dir, DOWNSTREAM[0])
     printed = capsys.readouterr().out
     accuracy = re.search(r"test accuracy: frozen biLM ([\d.]+)%, fine-tuned ([\d.]+)%", printed)
     assert accuracy, printed

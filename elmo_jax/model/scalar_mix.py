@@ -3,7 +3,7 @@
 
 With `do_layer_norm`, each layer is first normalised over all its unmasked elements, as
 AllenNLP computes it (boundaries included, eps 1e-13; docs/MODEL.md section 7).
-Linen users wrap it with `flax.nnx.bridge.ToLinen` (README, "ELMo in your JAX model").
+Linen users wrap it with `flax.nnx.bridge.ToLinen` (docs/DOWNSTREAM.md).
 """
 
 from __future__ import annotations
