@@ -52,6 +52,7 @@ L, D, C, P, B, T = 2, 2, 128, 64, 32, 20
 FILTERS = 4
 
 
+@pytest.mark.slow
 def test_plan_counts_the_lstm_loops_kernels_and_flops(planned):
     plan, _ = planned
     lstm = [loop for loop in plan["kernels"]["loops"] if loop["matmul"]]
@@ -65,6 +66,7 @@ def test_plan_counts_the_lstm_loops_kernels_and_flops(planned):
     assert plan["parts"]["LSTM loops"]["flops"] == 2 * (T + L - 1) * per_iteration
 
 
+@pytest.mark.slow
 def test_plan_reports_memory_and_a_consistent_estimate(planned):
     plan, _ = planned
     m = plan["memory"]
@@ -75,6 +77,7 @@ def test_plan_reports_memory_and_a_consistent_estimate(planned):
     assert plan["paper_hours"] == pytest.approx(7.69e9 / plan["tokens_per_s"] / 3600)
 
 
+@pytest.mark.slow
 def test_no_lstm_weight_is_converted_inside_a_loop(planned):
     """The bfloat16 weights are cast once per step, before the loops, not at every iteration:
     every conversion inside the LSTM loops is of an activation (B rows)."""
@@ -96,6 +99,7 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
     assert not [shape for shape in converted if shape in weights]
 
 
+@pytest.mark.slow
 def test_bfloat16_convolutions_run_in_bfloat16(planned):
     """cuDNN has no bfloat16 -> float32 convolution: asked for one, XLA widens the operands to
     float32. The char CNN's convolutions and their input gradients take bfloat16 operands; the
@@ -118,6 +122,7 @@ def test_gradients_are_summed_over_devices_in_float32(tmp_path):
     assert {dtype for dtype in dtypes if dtype[0] in "fb"} == {"f32"}, dtypes
 
 
+@pytest.mark.slow
 def test_the_lstm_buffers_are_not_zero_filled(planned):
     """Every slot of the buffers the LSTM loops save into is written before it is read: they
     are allocated uninitialised (launching nothing), not filled with zeros first."""

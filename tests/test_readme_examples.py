@@ -4,6 +4,7 @@ fewer classifier steps)."""
 
 import re
 
+import pytest
 from conftest import ROOT
 
 DOWNSTREAM = ("docs/DOWNSTREAM.md", "# ELMo in your JAX model", "## Embedding a file")
@@ -31,6 +32,7 @@ def test_the_readme_tour_runs(fixtures_dir):
     assert namespace["vectors"].shape == (2, 3, 32)  # the fixture model: P = 16
 
 
+@pytest.mark.slow
 def test_the_downstream_examples_run(fixtures_dir, capsys):
     blocks = python_blocks(*DOWNSTREAM)
     assert len(blocks) == 4 and any("class SenseClassifier" in b for b in blocks)

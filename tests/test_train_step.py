@@ -72,6 +72,7 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     assert np.abs(np.asarray(new_state.lstm_state.h)).max() > 0
 
 
+@pytest.mark.slow
 def test_a_few_hundred_steps_cut_heldout_perplexity(demo):
     train, heldout, vocab = demo
     config = ModelConfig.from_options(TINY)
