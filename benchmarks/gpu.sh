@@ -12,7 +12,7 @@
 #     (throughput.py reads it), and the table of both to $OUT/estimate_vs_measured.txt;
 #   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
 #   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
-#     (benchmarks/recurrence.py) to $OUT/recurrence.txt.
+#     (benchmarks/speed/recurrence.py) to $OUT/recurrence.txt.
 set -u
 dir="${OUT:-.}"
 out="$dir/throughput.jsonl"
@@ -27,24 +27,24 @@ run() {
   n=$((n + 1))
   log="$dir/logs/$n.log"
   echo "$*" > "$log"
-  timeout 150 python3 benchmarks/throughput.py --steps=15 "$@" >> "$log" 2>&1
+  timeout 150 python3 -m benchmarks.speed.throughput --steps=15 "$@" >> "$log" 2>&1
   grep -E 'tokens/s|^profile|Error' "$log"
   tail -1 "$log" | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "$dir/failures.txt"
 }
-run --config=original --per-device-batch=128 --dtype=bf16 --profile=3
-run --config=original --per-device-batch=128 --dtype=bf16 --profile=3 --lstm-schedule=layers
-run --config=original --per-device-batch=512 --dtype=bf16 --profile=3
-run --config=original --per-device-batch=256 --dtype=bf16
-run --config=original --per-device-batch=128 --dtype=f32
-run --config=original --per-device-batch=512 --dtype=f32
-run --config=medium --per-device-batch=256 --dtype=bf16
-run --config=small --per-device-batch=256 --dtype=bf16
-run --config=original --per-device-batch=256 --mode=embed --dtype=bf16 --steps=3
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
+run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
+run --config=original --per_device_batch=256 --dtype=bf16
+run --config=original --per_device_batch=128 --dtype=f32
+run --config=original --per_device_batch=512 --dtype=f32
+run --config=medium --per_device_batch=256 --dtype=bf16
+run --config=small --per_device_batch=256 --dtype=bf16
+run --config=original --per_device_batch=256 --mode=embed --dtype=bf16 --steps=3
 for schedule in wavefront layers; do
-  timeout 120 python3 benchmarks/critical_path.py --config=original --per-device-batch=128 --dtype=bf16 \
-    --lstm-schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
+  timeout 120 python3 -m benchmarks.speed.critical_path --config=original --per_device_batch=128 --dtype=bf16 \
+    --lstm_schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
 done
-timeout 120 python3 benchmarks/recurrence.py --config=original --per-device-batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"
+timeout 120 python3 -m benchmarks.speed.recurrence --config=original --per_device_batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"
 # Each measured train step beside the plan's estimate of the same program.
 python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys

@@ -21,6 +21,7 @@ from pathlib import Path
 import ml_collections
 from absl import app, flags
 
+from elmo_jax import settings
 from elmo_jax.commands import COMMANDS
 from elmo_jax.commands.command import prog, usage_line
 from elmo_jax.commands.flags import COMMON_FLAGS, FLAGS
@@ -100,6 +101,8 @@ def _help(command: str | None) -> str:
         lines += describe(name)
     if "config" in c.flags:
         lines += ["", "packaged experiments: " + ", ".join(sorted(packaged_experiments()))]
+        lines += ["", "settings (--config.train.KEY=VALUE, --config.data.KEY=VALUE) and the base recipe's values:"]
+        lines += settings.help_lines(width)
     return "\n".join(lines)
 
 

@@ -2,8 +2,7 @@
 
 `ModelConfig` is what the model functions read; it converts to and from the options.json dict
 (`lstm`, `char_cnn`) that bilm-tf and AllenNLP use, so a model trained here exports as-is.
-Training hyper-parameters live in the experiment config (`experiments/*.py`); `TrainHParams`
-holds the recipe and names the fields bilm-tf also writes into options.json.
+Training settings live in elmo_jax/settings.py, experiments in `experiments/*.py`.
 """
 
 from __future__ import annotations
@@ -16,13 +15,9 @@ from typing import Any
 
 from elmo_jax import strict_json
 from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.settings import TrainSettings, rule
 
 ACTIVATIONS = ("relu", "tanh")
-COMPUTE_DTYPES = ("float32", "bfloat16")
-# How the LSTM layers share the time loop (model/lstm.py): "wavefront" (all layers in one loop),
-# "layers" (one loop per layer), "auto" (layers on CPU, where it was measured faster for the
-# published sizes, wavefront on accelerators).
-LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
 # slots (docs/MODEL.md section 2). bilm-tf's training files say 261 (the same rows without row 0).
 N_CHARACTERS = 262
@@ -65,16 +60,14 @@ class CharCNNConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The model's options, plus how it computes (not part of options.json): the dtype its
-    matmuls run in (params, cell state, clipping and log-sum-exps are float32 either way), the
-    LSTM layers' schedule (LSTM_SCHEDULES) and the unroll of their time loop (the same numbers
-    either way)."""
+    """The model's options, plus how it computes (not part of options.json; the train settings of
+    the same names say what they may be and mean)."""
 
     lstm: LSTMConfig
     char_cnn: CharCNNConfig
-    compute_dtype: str = "float32"
-    lstm_schedule: str = "auto"
-    scan_unroll: int = 1  # jax.lax.fori_loop unroll of the LSTM time loop
+    compute_dtype: str = TrainSettings.compute_dtype
+    lstm_schedule: str = TrainSettings.lstm_schedule
+    scan_unroll: int = TrainSettings.scan_unroll
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
@@ -114,12 +107,10 @@ class ModelConfig:
                     f"{source}: filter width {width} exceeds "
                     f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
                 )
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise UserError(f"{source}: compute_dtype {self.compute_dtype!r} is not one of {COMPUTE_DTYPES}")
-        if not (isinstance(self.scan_unroll, int) and self.scan_unroll >= 1):
-            raise UserError(f"{source}: scan_unroll {self.scan_unroll!r} is not an integer >= 1")
-        if self.lstm_schedule not in LSTM_SCHEDULES:
-            raise UserError(f"{source}: lstm_schedule {self.lstm_schedule!r} is not one of {LSTM_SCHEDULES}")
+        for name in ("compute_dtype", "lstm_schedule", "scan_unroll"):
+            value, allowed = getattr(self, name), rule(TrainSettings, name)
+            if not allowed.ok(value):
+                raise UserError(f"{source}: {name} {value!r} is not {allowed.allowed}")
         if self.char_cnn.n_characters != N_CHARACTERS:
             raise UserError(f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}")
 
@@ -149,7 +140,7 @@ class ModelConfig:
         return cls.from_options(read_json(path, "options file"), source=str(path))
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-        """Writes options.json; `extra` adds bilm-tf training fields (TrainHParams.options_fields)."""
+        """Writes options.json; `extra` adds bilm-tf training fields (TrainSettings.options_fields)."""
         Path(path).write_text(strict_json.dumps({**self.to_options(), **(extra or {})}, indent=2) + "\n")
 
     def differences(self, other: ModelConfig) -> list[str]:
@@ -241,35 +232,6 @@ def _dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
         elif va != vb:
             out.append(f"{name}: {va!r} != {vb!r}")
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainHParams:
-    """The training recipe (docs/MODEL.md section 5); names follow bilm-tf's options.json."""
-
-    batch_size: int = 128  # rows per step per device (bilm-tf's batch_size is per GPU)
-    unroll_steps: int = 20  # window T
-    n_tokens_vocab: int = 793_471  # softmax rows V
-    n_negative_samples_batch: int = 8192
-    sample_softmax: bool = True  # False: the full softmax over all V rows (bilm-tf's option)
-    dropout: float = 0.1
-    all_clip_norm_val: float = 10.0
-    learning_rate: float = 0.2
-    initial_accumulator_value: float = 1.0
-
-    def options_fields(self) -> dict[str, Any]:
-        """The bilm-tf options.json training fields these values fill."""
-        return {
-            "bidirectional": True,
-            "dropout": self.dropout,
-            "all_clip_norm_val": self.all_clip_norm_val,
-            "batch_size": self.batch_size,
-            "n_tokens_vocab": self.n_tokens_vocab,
-            "unroll_steps": self.unroll_steps,
-            "n_negative_samples_batch": self.n_negative_samples_batch,
-            "sample_softmax": self.sample_softmax,
-            "learning_rate": self.learning_rate,
-        }
 
 
 _PUBLISHED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]

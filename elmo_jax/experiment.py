@@ -2,73 +2,32 @@
 as the package elmo_jax.experiments and named by `experiment_file`).
 
 model  options.json's `lstm` and `char_cnn`, exactly (ModelConfig.from_options reads it)
-train  the recipe (docs/MODEL.md section 5) and the loop's cadence
+train  the recipe (docs/MODEL.md section 5), how the step computes and the loop's cadence
 data   source strings (`demo`, `text:GLOB`, `lm1b:PATH`), the vocabulary file and the backward
        LM's order of sentences
+Every `train` and `data` setting, its default, range and help, is declared in elmo_jax/settings.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-import math
 from pathlib import Path
 
 import ml_collections
 
-from elmo_jax.config import COMPUTE_DTYPES, LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams
+from elmo_jax import settings
+from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig
 from elmo_jax.errors import UserError
-from elmo_jax.text.batcher import BACKWARD_ORDERS
-
-# The defaults have one home: the recipe's in TrainHParams, how the model computes in ModelConfig.
-_RECIPE = TrainHParams()
-_COMPUTE = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+from elmo_jax.settings import DataSettings, TrainSettings
 
 
 def base_config(model_options: dict) -> ml_collections.ConfigDict:
     """Defaults: the original bilm-tf recipe on the built-in demo corpus. Experiments override."""
     config = ml_collections.ConfigDict()
     config.model = ml_collections.ConfigDict(model_options)
-
-    config.train = ml_collections.ConfigDict()
-    # rows per step per device; the global batch is this x devices
-    config.train.per_device_batch_size = _RECIPE.batch_size
-    config.train.devices = 0  # devices in the data-parallel mesh; 0 = all (of all processes)
-    # "float32" or "bfloat16": matmul operands; params and cell state stay float32
-    config.train.compute_dtype = _COMPUTE["compute_dtype"]
-    # "wavefront" (all layers in one time loop), "layers" (a loop each); "auto": layers on CPU
-    config.train.lstm_schedule = _COMPUTE["lstm_schedule"]
-    config.train.shard_softmax = False  # shard the softmax table by rows over the devices (huge vocabularies)
-    config.train.unroll_steps = _RECIPE.unroll_steps  # window T
-    config.train.sample_softmax = _RECIPE.sample_softmax  # False: the full softmax over the whole vocabulary
-    config.train.n_negative_samples_batch = _RECIPE.n_negative_samples_batch  # candidates per direction and step
-    config.train.dropout = _RECIPE.dropout
-    config.train.all_clip_norm_val = _RECIPE.all_clip_norm_val
-    config.train.learning_rate = _RECIPE.learning_rate
-    config.train.initial_accumulator_value = _RECIPE.initial_accumulator_value
-    config.train.n_epochs = 10.0  # passes over the training data; the run length derives from it
-    config.train.max_steps = 0  # > 0 caps the run
-    config.train.seed = 0
-    config.train.scan_unroll = _COMPUTE["scan_unroll"]  # unroll of the LSTM time loop
-    config.train.log_every = 100
-    config.train.eval_every = 1000  # held-out evaluation; 0 = only at the end
-    config.train.eval_sentences = 2000  # sentences per periodic evaluation; 0 = all
-    config.train.eval_batch_size = 64  # rows in all, split over the devices
-    config.train.checkpoint_every = 1000
-    config.train.keep_checkpoints = 3
-    # stop when the loss passes this x ln(vocabulary size), or this x its lowest for 3 log
-    # windows (elmo_jax/train/divergence.py); 0 = only a non-finite loss or state stops
-    config.train.divergence_factor = 2.0
-    config.train.init_from = ""  # fine-tuning: a workdir, model folder or published name (original) to start from
-
-    config.data = ml_collections.ConfigDict()
-    config.data.train = "demo"
-    config.data.heldout = "demo"  # "" = no held-out evaluation
-    config.data.vocab = ""  # "" = build from the training data (min_count) into the workdir
-    config.data.min_count = 1
-    # Sentences the backward LM reads in training: "independent" (its own shuffle, as bilm-tf)
-    # or "shared" (the forward LM's, at the same positions); see elmo_jax/text/batcher.py
-    config.data.backward_order = "independent"
+    config.train = ml_collections.ConfigDict(settings.defaults(TrainSettings))
+    config.data = ml_collections.ConfigDict(settings.defaults(DataSettings))
     config.lock()
     return config
 
@@ -108,64 +67,11 @@ def published_config(size: str) -> ml_collections.ConfigDict:
     return config
 
 
-def _count(minimum: int):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum, f"an integer >= {minimum}"
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-_POSITIVE = (lambda v: _is_number(v) and math.isfinite(v) and v > 0, "a finite number in (0, inf)")
-
-
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
-_TEXT = (lambda v: isinstance(v, str), "a string")
-# What each train/data setting may be (config.model is checked by ModelConfig.from_options).
-SETTINGS = {
-    "train.per_device_batch_size": _count(1),
-    "train.devices": _count(0),
-    "train.compute_dtype": (lambda v: v in COMPUTE_DTYPES, f"one of {COMPUTE_DTYPES}"),
-    "train.lstm_schedule": (lambda v: v in LSTM_SCHEDULES, f"one of {LSTM_SCHEDULES}"),
-    "train.shard_softmax": _BOOL,
-    "train.unroll_steps": _count(1),
-    "train.sample_softmax": _BOOL,
-    "train.n_negative_samples_batch": _count(1),
-    "train.dropout": (lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)"),
-    "train.all_clip_norm_val": _POSITIVE,
-    "train.learning_rate": _POSITIVE,
-    "train.initial_accumulator_value": _POSITIVE,
-    "train.n_epochs": _POSITIVE,
-    "train.max_steps": _count(0),
-    "train.seed": _count(0),
-    "train.scan_unroll": _count(1),
-    "train.log_every": _count(1),
-    "train.eval_every": _count(0),
-    "train.eval_sentences": _count(0),
-    "train.eval_batch_size": _count(1),
-    "train.checkpoint_every": _count(1),
-    "train.keep_checkpoints": _count(1),
-    "train.divergence_factor": (
-        lambda v: _is_number(v) and math.isfinite(v) and (v == 0 or v > 1),
-        "0 (off) or a finite number > 1",
-    ),
-    "train.init_from": _TEXT,
-    "data.train": (lambda v: isinstance(v, str) and v != "", "a source (demo, text:GLOB, lm1b:PATH, tfds:NAME)"),
-    "data.heldout": _TEXT,
-    "data.vocab": _TEXT,
-    "data.min_count": _count(1),
-    "data.backward_order": (lambda v: v in BACKWARD_ORDERS, f"one of {BACKWARD_ORDERS}"),
-}
-
-
 def validate(config: ml_collections.ConfigDict) -> None:
     """Every setting in its range before any work: raises UserError naming the key, the value
     and what it may be."""
-    for key, (ok, allowed) in SETTINGS.items():
-        section, name = key.split(".")
-        value = config[section].get(name)
-        if not ok(value):
-            raise UserError(f"config.{key}={value!r}: must be {allowed}")
+    for section in settings.SECTIONS:
+        settings.check(section, config[section])
     model_config(config)
 
 
@@ -179,21 +85,12 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     return model
 
 
-def train_hparams(config: ml_collections.ConfigDict, vocab_size: int) -> TrainHParams:
+def train_settings(config: ml_collections.ConfigDict, vocab_size: int) -> TrainSettings:
+    """config.train for a vocabulary of `vocab_size` words, as the train step reads it."""
     t = config.train
     if t.sample_softmax and vocab_size <= t.n_negative_samples_batch:
         raise UserError(
             f"config.train.n_negative_samples_batch={t.n_negative_samples_batch} must be smaller "
             f"than the vocabulary ({vocab_size} words)"
         )
-    return TrainHParams(
-        batch_size=t.per_device_batch_size,
-        unroll_steps=t.unroll_steps,
-        n_tokens_vocab=vocab_size,
-        n_negative_samples_batch=t.n_negative_samples_batch,
-        sample_softmax=t.sample_softmax,
-        dropout=t.dropout,
-        all_clip_norm_val=t.all_clip_norm_val,
-        learning_rate=t.learning_rate,
-        initial_accumulator_value=t.initial_accumulator_value,
-    )
+    return TrainSettings.of(t, vocab_size)

@@ -4,7 +4,7 @@ memory they free in the process.
 XLA:CPU allocates a step's temporaries afresh at every call. With JAX's asynchronous CPU
 dispatch they are allocated on a worker thread, from a glibc arena whose large blocks go back to
 the OS when freed, so every step touched tens of MB of new pages, each a page fault and a kernel
-zero-fill: on `cpu_peer` about 17,800 faults per train step (65 ms; benchmarks/throughput.py).
+zero-fill: on `cpu_peer` about 17,800 faults per train step (65 ms; benchmarks/speed/throughput.py).
 `keep_freed_memory()` runs CPU computations on the calling thread (main heap) and makes glibc
 keep freed memory there (no mmap blocks, no trimming), so later steps reuse warm pages: about 50
 faults and 50 ms per step, compile time unchanged. It changes neither results nor accelerator
@@ -14,7 +14,7 @@ dispatched.
 Kept memory is not given back on its own, so after each program XLA compiles, the freed memory
 is returned to the OS (malloc_trim): a compile's scratch (about 350 MB for the demo's train step)
 would otherwise stay with the process for good, and a run that meets a new batch shape late
-(benchmarks/soak.py) grew by that much each time. The steps after it fault their pages in once.
+(benchmarks/robustness/soak.py) grew by that much each time. The steps after it fault their pages in once.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import jax
 
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.experiment import train_hparams
+from elmo_jax.experiment import train_settings
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
@@ -115,7 +115,7 @@ def _softmax_rows(path: Path) -> int | None:
 
 def _load_workdir(workdir: Workdir) -> Model:
     run = workdir.restore_params()
-    options = train_hparams(run.config, len(run.vocab)).options_fields()
+    options = train_settings(run.config, len(run.vocab)).options_fields()
     return Model(run.model_config, run.params, run.vocab, options)
 
 

@@ -1,7 +1,7 @@
 """The `cpu_peer` sizes (LSTM 256 with projection 64, 2 layers, a 256-filter char CNN) with the
 original bilm-tf recipe at 32 rows per device and 1,024 negatives: the model this project
-compares with the original bilm-tf code on one machine (benchmarks/throughput.py,
-benchmarks/bilm_tf_learning.py, docs/BILM_TF_COMPARISON.md). Point the data at your text:
+compares with the original bilm-tf code on one machine (benchmarks/speed/throughput.py,
+benchmarks/parity/bilm_tf_learning.py, docs/BILM_TF_COMPARISON.md). Point the data at your text:
 
     elmo-jax train --config=cpu_peer --workdir=runs/peer \\
         --config.data.train='text:train.txt' --config.data.heldout='text:heldout.txt'

@@ -1,5 +1,5 @@
 """Reading fixtures/bilm_tf_training (four recorded steps of bilm-tf's own training code, see
-the README there) into this project's params, batches, states and TrainHParams."""
+the README there) into this project's params, batches, states and TrainSettings."""
 
 import json
 from pathlib import Path
@@ -9,7 +9,8 @@ import h5py
 import jax
 import numpy as np
 
-from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.config import ModelConfig
+from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import Batch, char_columns
 from elmo_jax.train.step import TrainState, init_train_state
 
@@ -103,7 +104,7 @@ def state_from_tf(step: h5py.Group, which: str) -> tuple[np.ndarray, np.ndarray]
 
 class Recorded(NamedTuple):
     config: ModelConfig
-    hp: TrainHParams  # the run's options; dropout as recorded (0.0) unless load() was told otherwise
+    hp: TrainSettings  # the run's options; dropout as recorded (0.0) unless load() was told otherwise
     values: dict  # initial params ("initial") and Adagrad accumulators ("initial_acc"), ours
     steps: list[dict]  # per step: batch, init_state, final_state, outputs, metrics, params, acc
     raw_chars: set  # every char row (raw training ids) the batches hold
@@ -115,8 +116,8 @@ def load(folder: Path, dropout: float | None = None) -> Recorded:
     with h5py.File(folder / "fixture.hdf5", "r") as f:
         options = json.loads(f.attrs["options"])
         config = ModelConfig.from_options(options, source="bilm_tf_training options")
-        hp = TrainHParams(
-            batch_size=options["batch_size"],
+        hp = TrainSettings(
+            per_device_batch_size=options["batch_size"],
             unroll_steps=options["unroll_steps"],
             n_tokens_vocab=options["n_tokens_vocab"],
             sample_softmax=options["sample_softmax"],
@@ -153,9 +154,9 @@ def load(folder: Path, dropout: float | None = None) -> Recorded:
     return Recorded(config, hp, values, steps, raw_chars, (folder / "train.txt").read_text(encoding="utf-8").split())
 
 
-def start_state(config: ModelConfig, hp: TrainHParams, values: dict) -> TrainState:
+def start_state(config: ModelConfig, hp: TrainSettings, values: dict) -> TrainState:
     """A TrainState holding the recorded initial params and Adagrad accumulators, zero LSTM state."""
-    state = init_train_state(jax.random.key(0), config, hp, hp.batch_size)
+    state = init_train_state(jax.random.key(0), config, hp, hp.per_device_batch_size)
     dense_acc = {k: v for k, v in values["initial_acc"].items() if k != "softmax"}
     rss = state.opt_state["dense"][0]
     assert jax.tree.structure(rss.sum_of_squares) == jax.tree.structure(dense_acc)

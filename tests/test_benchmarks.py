@@ -13,12 +13,12 @@ import pytest
 pytestmark = pytest.mark.launches  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--config=cpu_peer", "--per-device-batch=2"]  # cpu_peer: a 5,000-word vocabulary
+TINY = ["--config=cpu_peer", "--per_device_batch=2"]  # cpu_peer: a 5,000-word vocabulary
 
 # name: (script and flags, the measurements its JSON line must report as positive numbers)
 COMMANDS = {
     "throughput train, profiled": (
-        ["throughput.py", *TINY, "--unroll-steps=4", "--steps=1", "--warmup=1", "--profile=1", "--plan-target=h200"],
+        ["speed.throughput", *TINY, "--unroll_steps=4", "--steps=1", "--warmup=1", "--profile=1", "--plan_target=h200"],
         (
             "tokens_per_sec",
             "step_time_s",
@@ -33,13 +33,13 @@ COMMANDS = {
         ),
     ),
     "throughput embed": (
-        ["throughput.py", *TINY, "--mode=embed", "--sentences=40", "--steps=1"],
+        ["speed.throughput", *TINY, "--mode=embed", "--sentences=40", "--steps=1"],
         ("tokens_per_sec", "pass_s", "encoder_distinct_words_s"),
     ),
-    "critical path": (["critical_path.py", *TINY, "--unroll-steps=4"], ("dependent_loop_iterations",)),
-    "recurrence": (["recurrence.py", *TINY, "--steps=1", "--unroll-steps=4"], ("ms_wavefront", "ms_layers")),
+    "critical path": (["speed.critical_path", *TINY, "--unroll_steps=4"], ("dependent_loop_iterations",)),
+    "recurrence": (["speed.recurrence", *TINY, "--steps=1", "--unroll_steps=4"], ("ms_wavefront", "ms_layers")),
     "input pipeline": (
-        ["input_pipeline.py", "--batch=4", "--unroll=5", "--vocab=500", "--batches=3"],
+        ["speed.input_pipeline", "--batch=4", "--unroll=5", "--vocab=500", "--batches=3"],
         ("tokens_per_sec", "ms_per_batch"),
     ),
 }
@@ -49,7 +49,7 @@ COMMANDS = {
 def test_benchmark_runs_and_reports_its_measurements(name):
     (script, *args), measurements = COMMANDS[name]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        [sys.executable, "-m", f"benchmarks.{script}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -30,7 +30,7 @@ def test_char_ids_are_bilm_tf_training_ids_plus_one(recorded):
 
 
 def test_the_variable_mapping_round_trips(recorded):
-    """params_to_tf (used by benchmarks/bilm_tf_dropout.py) inverts params_from_tf."""
+    """params_to_tf (used by benchmarks/parity/bilm_tf_dropout.py) inverts params_from_tf."""
     config, _, values, *_ = recorded
     back = params_from_tf(params_to_tf(values["initial"], config), config, 0.0)
     jax.tree.map(np.testing.assert_array_equal, back, values["initial"])

@@ -1,6 +1,7 @@
 """The command line as a user meets it: the installed `elmo-jax` command and `python -m elmo_jax`
 from any folder, help on every command, one flag spelling, and one-line errors with the usage."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 from cli import ROOT, assert_one_line_error, run_cli, strict_json
 from test_training_run import TINY_FLAGS
 
+from elmo_jax import settings
 from elmo_jax.commands import COMMANDS
 from elmo_jax.commands.flags import COMMON_FLAGS
 
@@ -29,7 +31,11 @@ def test_help_lists_the_commands_and_every_flag_of_each():
             assert f"--{flag} " in shown.stdout or f"--[no]{flag} " in shown.stdout, (name, flag)
         others = {f for c in COMMANDS.values() for f in c.flags} - set(command.flags)
         assert not [f for f in others if f"  --{f} " in shown.stdout or f"--[no]{f} " in shown.stdout], name
-    assert "packaged experiments: cpu_peer, demo," in run_cli(["train", "--help"]).stdout
+    train_help = run_cli(["train", "--help"]).stdout
+    assert "packaged experiments: cpu_peer, demo," in train_help
+    for section, declared in settings.SECTIONS.items():  # every setting, its value in the base recipe
+        for name, value in settings.defaults(declared).items():
+            assert f"  {section}.{name}={json.dumps(value)} " in train_help, (section, name)
 
 
 @pytest.mark.parametrize(

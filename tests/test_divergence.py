@@ -11,7 +11,7 @@ from cli import assert_one_line_error, run_cli, strict_json
 from test_training_run import cli_train_args, losses, tiny_config
 
 from elmo_jax.checkpoint import Checkpoints
-from elmo_jax.config import TrainHParams
+from elmo_jax.settings import TrainSettings
 from elmo_jax.train import loop
 from elmo_jax.train.divergence import DivergenceCheck, TrainingDiverged
 from elmo_jax.train.loop import train
@@ -40,7 +40,7 @@ def run_with_checkpoints(tmp_path, text_data):
 def test_a_loss_that_stays_at_twice_its_lowest_stops_and_sets_aside_what_was_saved_since(run_with_checkpoints):
     workdir = run_with_checkpoints
     checkpoints = Checkpoints(workdir / "checkpoints", every=2)
-    check = DivergenceCheck(checkpoints, TrainHParams(n_tokens_vocab=10_000), factor=2.0)  # ln V = 9.2
+    check = DivergenceCheck(checkpoints, TrainSettings(n_tokens_vocab=10_000), factor=2.0)  # ln V = 9.2
     feed(check, {3: 4.0, 4: 3.0, 5: 3.1})
     feed(check, {6: 6.5, 7: 6.2, 8: 2.9})  # two windows above 2 x 3.0, then back: noise, not divergence
     with pytest.raises(
@@ -56,7 +56,7 @@ def test_a_loss_that_stays_at_twice_its_lowest_stops_and_sets_aside_what_was_sav
 
 
 def test_the_finite_rules_are_off_at_factor_0_but_a_non_finite_loss_still_stops(tmp_path):
-    check = DivergenceCheck(Checkpoints(tmp_path), TrainHParams(n_tokens_vocab=10_000), factor=0.0)
+    check = DivergenceCheck(Checkpoints(tmp_path), TrainSettings(n_tokens_vocab=10_000), factor=0.0)
     feed(check, {1: 1.0, 2: 1e30, 3: 1e30, 4: 1e30, 5: 1e30})
     with pytest.raises(TrainingDiverged, match=r"step 6: loss nan .*no good checkpoint was saved.*starts afresh"):
         feed(check, {6: math.nan})

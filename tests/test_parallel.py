@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from tiny_models import tiny_options
 
-from elmo_jax.config import ModelConfig, TrainHParams
-from elmo_jax.hlo import collectives_in_loops, communication_bytes, recurrence
+from elmo_jax.config import ModelConfig
+from elmo_jax.plan.hlo import collectives_in_loops, communication_bytes, recurrence
+from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import Batch, StreamBatcher, round_up
 from elmo_jax.text.demo_corpus import DemoCorpus
 from elmo_jax.text.vocab import Vocabulary, count_words
@@ -24,13 +25,15 @@ B, T = 16, 5
 def data():
     corpus = DemoCorpus("train", size=2_000)
     vocab = Vocabulary.from_counts(count_words(corpus.stream()))
-    hp = TrainHParams(batch_size=B // 8, unroll_steps=T, n_tokens_vocab=len(vocab), n_negative_samples_batch=64)
+    hp = TrainSettings(
+        per_device_batch_size=B // 8, unroll_steps=T, n_tokens_vocab=len(vocab), n_negative_samples_batch=64
+    )
     # Tables of distinct words rounded to a multiple of 8, which both layouts can take.
     batcher = StreamBatcher(corpus, vocab, B, T, seed=0, table_multiple=8)
     return hp, [next(batcher) for _ in range(3)]
 
 
-def run(devices: int, shard_softmax: bool, hp: TrainHParams, batches: list[Batch], config: ModelConfig = CONFIG):
+def run(devices: int, shard_softmax: bool, hp: TrainSettings, batches: list[Batch], config: ModelConfig = CONFIG):
     parallel = DataParallel(devices)
     rows = round_up(hp.n_tokens_vocab, devices) if shard_softmax else hp.n_tokens_vocab
     init = lambda: init_train_state(jax.random.key(1), config, hp, B, rows)  # noqa: E731
@@ -68,8 +71,8 @@ def compiled_step(
     """HLO text of the train step compiled for 8 devices (nothing allocated)."""
     parallel = DataParallel(8)
     rows = round_up(vocab_size, 8) if shard_softmax else vocab_size
-    hp = TrainHParams(
-        batch_size=per_device, unroll_steps=unroll, n_tokens_vocab=vocab_size, n_negative_samples_batch=64
+    hp = TrainSettings(
+        per_device_batch_size=per_device, unroll_steps=unroll, n_tokens_vocab=vocab_size, n_negative_samples_batch=64
     )
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, 8 * per_device, rows))
     step = make_train_step(

@@ -11,7 +11,7 @@ import re
 import pytest
 from cli import run_cli
 
-from elmo_jax import hlo
+from elmo_jax.plan import hlo
 from elmo_jax.plan.kernels import Program
 from elmo_jax.plan.program import largest_batch
 from elmo_jax.plan.report import wire_bytes

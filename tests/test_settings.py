@@ -10,9 +10,11 @@ from test_training_run import tiny_config
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
-from elmo_jax.experiment import validate
+from elmo_jax.experiment import base_config, train_settings, validate
 from elmo_jax.interop.bilm_hdf5 import load_weights
+from elmo_jax.settings import TrainSettings
 from elmo_jax.train.loop import train
+from elmo_jax.workdir import Workdir
 
 
 @pytest.mark.parametrize(
@@ -49,6 +51,79 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, text_data, key, valu
     with pytest.raises(UserError):
         train(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before the workdir was made
+
+
+# config.json as elmo_jax wrote it for the demo experiment before every setting had one home
+# (commit 3a78e93; the vocabulary and environment records left out).
+SAVED_DEMO = {
+    "model": {
+        "char_cnn": {
+            "activation": "relu",
+            "embedding": {"dim": 8},
+            "filters": [[1, 16], [2, 16], [3, 32], [4, 32]],
+            "max_characters_per_token": 50,
+            "n_characters": 262,
+            "n_highway": 1,
+        },
+        "lstm": {
+            "cell_clip": 3,
+            "dim": 128,
+            "n_layers": 2,
+            "proj_clip": 3,
+            "projection_dim": 64,
+            "use_skip_connections": True,
+        },
+    },
+    "train": {
+        "all_clip_norm_val": 10.0,
+        "checkpoint_every": 500,
+        "compute_dtype": "float32",
+        "devices": 1,
+        "divergence_factor": 2.0,
+        "dropout": 0.0,
+        "eval_batch_size": 64,
+        "eval_every": 1000,
+        "eval_sentences": 500,
+        "init_from": "",
+        "initial_accumulator_value": 1.0,
+        "keep_checkpoints": 3,
+        "learning_rate": 0.2,
+        "log_every": 100,
+        "lstm_schedule": "auto",
+        "max_steps": 0,
+        "n_epochs": 1.3,
+        "n_negative_samples_batch": 1024,
+        "per_device_batch_size": 32,
+        "sample_softmax": True,
+        "scan_unroll": 1,
+        "seed": 0,
+        "shard_softmax": False,
+        "unroll_steps": 20,
+    },
+    "data": {"backward_order": "independent", "heldout": "demo", "min_count": 1, "train": "demo", "vocab": ""},
+}
+
+
+@pytest.mark.parametrize("predated", [(), (("train", "sample_softmax"), ("train", "divergence_factor"))])
+def test_config_json_of_earlier_versions_loads_as_it_ran(tmp_path, predated):
+    """A saved run config loads to the values it ran with; fields it predates take their defaults."""
+    saved = json.loads(json.dumps(SAVED_DEMO))
+    for section, name in predated:
+        del saved[section][name]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = Workdir(tmp_path).saved_config()
+    validate(config)
+    assert config.to_dict() == {**base_config(SAVED_DEMO["model"]).to_dict(), **SAVED_DEMO}
+    assert train_settings(config, 5000) == TrainSettings(
+        per_device_batch_size=32,
+        devices=1,
+        dropout=0.0,
+        n_negative_samples_batch=1024,
+        n_epochs=1.3,
+        checkpoint_every=500,
+        eval_sentences=500,
+        n_tokens_vocab=5000,
+    )
 
 
 def test_negatives_must_be_fewer_than_the_vocabulary(tmp_path, text_data):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from tiny_models import tiny_options
 
-from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.config import ModelConfig
+from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
@@ -28,8 +29,12 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
     here with the whole table differentiated."""
     train, _, vocab = demo
     config = ModelConfig.from_options(TINY)
-    hp = TrainHParams(
-        batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64, all_clip_norm_val=0.1
+    hp = TrainSettings(
+        per_device_batch_size=4,
+        unroll_steps=5,
+        n_tokens_vocab=len(vocab),
+        n_negative_samples_batch=64,
+        all_clip_norm_val=0.1,
     )
     state = init_train_state(jax.random.key(0), config, hp, 4)
     batch = next(StreamBatcher(train, vocab, 4, 5, seed=0))
@@ -76,7 +81,9 @@ def test_one_step_is_clipped_adagrad_on_the_whole_table(demo):
 def test_a_few_hundred_steps_cut_heldout_perplexity(demo):
     train, heldout, vocab = demo
     config = ModelConfig.from_options(TINY)
-    hp = TrainHParams(batch_size=16, unroll_steps=10, n_tokens_vocab=len(vocab), n_negative_samples_batch=256)
+    hp = TrainSettings(
+        per_device_batch_size=16, unroll_steps=10, n_tokens_vocab=len(vocab), n_negative_samples_batch=256
+    )
     state = init_train_state(jax.random.key(0), config, hp, 16)
     before = evaluate(state.params, heldout, vocab, config, batch_size=32, max_sentences=300)
     step = make_train_step(config, hp)

@@ -19,7 +19,7 @@ import functools
 import math
 import re
 
-from elmo_jax.hlo import FREE_OPS, computations, tuple_elements
+from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
 _TYPE = re.compile(r"(pred|bf16|f8\w*|[suf]\d+|c\d+|token)\[([\d,]*)\]")

@@ -71,7 +71,7 @@ def compile_train_step(
     target, the softmax table of `vocab_size` rows laid out as the config says."""
     import jax
 
-    from elmo_jax.experiment import model_config, train_hparams
+    from elmo_jax.experiment import model_config, train_settings
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.model.lstm import schedule
     from elmo_jax.text.batcher import round_up
@@ -85,7 +85,7 @@ def compile_train_step(
     parallel = DataParallel(devices, among=abstract_devices(target, devices))
     with tracing_for("gpu" if target.platform == "cuda" else "tpu"):
         model = model_config(config)
-        hp = train_hparams(config, vocab_size)
+        hp = train_settings(config, vocab_size)
         rows, T = per_device_batch * devices, hp.unroll_steps
         table_rows = softmax_table_rows(config, vocab_size)
         state = abstract_train_state(model, hp, rows, table_rows, parallel, config.train.shard_softmax)

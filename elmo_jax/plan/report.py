@@ -4,7 +4,7 @@ run")."""
 
 from __future__ import annotations
 
-from elmo_jax import hlo
+from elmo_jax.plan import hlo
 from elmo_jax.plan.kernels import Program, summarize, top
 from elmo_jax.plan.program import CompiledStep
 from elmo_jax.plan.targets import Target

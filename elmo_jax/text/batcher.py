@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from elmo_jax.errors import UserError
+from elmo_jax.settings import BACKWARD_ORDERS
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
 from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.vocab import Vocabulary
@@ -73,9 +74,6 @@ def epochs_done(state: dict, n_sentences: int) -> float:
     """Fractional passes over the corpus recorded in a batcher state, averaged over its rows'
     forward streams."""
     return float(np.mean([e + k * state["batch_size"] / n_sentences for e, k, *_ in state["rows"]]))
-
-
-BACKWARD_ORDERS = ("independent", "shared")
 
 
 class _Stream:

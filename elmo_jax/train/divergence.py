@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.checkpoint import Checkpoints
-from elmo_jax.config import TrainHParams
 from elmo_jax.errors import RunFailed
+from elmo_jax.settings import TrainSettings
 from elmo_jax.train.step import TrainState
 
 PATIENCE = 3  # log windows in a row above factor x the lowest window mean
@@ -48,7 +48,7 @@ def _steps(first: int, last: int) -> str:
 
 
 class DivergenceCheck:
-    def __init__(self, checkpoints: Checkpoints, hp: TrainHParams, factor: float):
+    def __init__(self, checkpoints: Checkpoints, hp: TrainSettings, factor: float):
         self.checkpoints, self.hp, self.factor = checkpoints, hp, factor
         self.bound = factor * math.log(hp.n_tokens_vocab)  # the loss no run may log
         self.lowest = math.inf  # the lowest window mean since the run (re)started

@@ -14,11 +14,12 @@ import ml_collections
 
 from elmo_jax import experiment
 from elmo_jax.checkpoint import Checkpoints
-from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.config import ModelConfig
 from elmo_jax.curves import plot_after_training
 from elmo_jax.errors import UserError
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
+from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
@@ -75,7 +76,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab = workdir.training_vocab(config, train_corpus)
-    hp = experiment.train_hparams(config, len(vocab))
+    hp = experiment.train_settings(config, len(vocab))
     workdir.write_config(config, vocab)
 
     batch_size = t.per_device_batch_size * parallel.size
@@ -208,7 +209,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
 def _fresh_state(
     config: ml_collections.ConfigDict,
     model_config: ModelConfig,
-    hp: TrainHParams,
+    hp: TrainSettings,
     vocab: Vocabulary,
     batch_size: int,
     table_rows: int,

@@ -26,11 +26,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from elmo_jax.config import ModelConfig, TrainHParams
+from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.lstm import LSTMState, dropout_keep_masks
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
 from elmo_jax.model.token_encoder import encode_tokens
+from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import Batch
 from elmo_jax.train.parallel import AXIS, DataParallel, data_parallel
 
@@ -44,7 +45,7 @@ class TrainState:
     rng: jax.Array  # raw key data (uint32), so checkpoints hold plain arrays
 
 
-def dense_optimizer(hp: TrainHParams) -> optax.GradientTransformation:
+def dense_optimizer(hp: TrainSettings) -> optax.GradientTransformation:
     """Adagrad as TF1 applies it (no epsilon), for every param but the softmax table."""
     return optax.adagrad(hp.learning_rate, initial_accumulator_value=hp.initial_accumulator_value, eps=0.0)
 
@@ -54,7 +55,7 @@ def _without_softmax(params: dict) -> dict:
 
 
 def init_train_state(
-    rng: jax.Array, config: ModelConfig, hp: TrainHParams, batch_size: int, table_rows: int | None = None
+    rng: jax.Array, config: ModelConfig, hp: TrainSettings, batch_size: int, table_rows: int | None = None
 ) -> TrainState:
     """Fresh params, optimizer state and zero LSTM state for `batch_size` rows (global). The
     softmax table gets `table_rows` >= V rows (zero padding, for sharding by rows)."""
@@ -76,7 +77,12 @@ def init_train_state(
 
 
 def abstract_train_state(
-    config: ModelConfig, hp: TrainHParams, batch_size: int, table_rows: int, parallel: DataParallel, shard_softmax: bool
+    config: ModelConfig,
+    hp: TrainSettings,
+    batch_size: int,
+    table_rows: int,
+    parallel: DataParallel,
+    shard_softmax: bool,
 ) -> TrainState:
     """Shapes, dtypes and shardings (DataParallel.state_shardings) of `init_train_state`'s
     state, to restore a checkpoint into and to lay the step out."""
@@ -99,7 +105,7 @@ class SoftmaxRows(NamedTuple):
     log_q_targets: jax.Array
 
 
-def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainHParams, table_rows: int) -> SoftmaxRows:
+def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainSettings, table_rows: int) -> SoftmaxRows:
     """Samples each direction's candidates and collects the rows the step touches."""
     log_p = log_uniform_log_probs(hp.n_tokens_vocab)
     cands = [sample_candidates(jax.random.fold_in(rng, d), log_p, hp.n_negative_samples_batch) for d in range(2)]
@@ -167,7 +173,7 @@ def _loss(
     rng,
     used: SoftmaxRows | None,
     config: ModelConfig,
-    hp: TrainHParams,
+    hp: TrainSettings,
     mesh,
 ):
     """The mean loss 0.5 * (forward + backward) and ((forward, backward), new state).
@@ -230,7 +236,7 @@ def _loss(
     return 0.5 * (losses[0] + losses[1]), (losses, jax.lax.stop_gradient(new_state))
 
 
-def _scaled_loss(params, *args, hp: TrainHParams):
+def _scaled_loss(params, *args, hp: TrainSettings):
     """bilm-tf's objective, unroll_steps * the mean loss; aux: (mean loss, (losses, state))."""
     loss, aux = _loss(params, *args)
     return hp.unroll_steps * loss, (loss, aux)
@@ -254,7 +260,7 @@ def _sparse_adagrad(table: dict, accumulators: dict, gathered: dict, grads: dict
     return new_table, new_acc
 
 
-def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: SoftmaxRows | None, hp: TrainHParams):
+def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: SoftmaxRows | None, hp: TrainSettings):
     """Clipped Adagrad: the dense params through optax, the softmax table (its rows `used`
     touched, or all of it) by TF1's rule -> new params, new optimizer state, the gradient's norm
     before clipping."""
@@ -277,7 +283,7 @@ def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: Softm
 
 
 def train_step(
-    state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainHParams, mesh
+    state: TrainState, batch: Batch, *, config: ModelConfig, hp: TrainSettings, mesh
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adagrad step; metrics: loss, loss_forward, loss_backward (means over the
     positions), grad_norm (of the unroll_steps-scaled gradient, before clipping), tokens."""
@@ -312,7 +318,7 @@ def train_step(
     return new_state, metrics
 
 
-def make_train_step(config: ModelConfig, hp: TrainHParams, parallel: DataParallel | None = None, state_shardings=None):
+def make_train_step(config: ModelConfig, hp: TrainSettings, parallel: DataParallel | None = None, state_shardings=None):
     """The jitted train step over `parallel`'s mesh (default: one device, arrays left where
     they are); the incoming state's buffers are donated. With `state_shardings` (see
     DataParallel.state_shardings) the state and the batch are laid out on the mesh."""

@@ -5,7 +5,7 @@ CPU devices for several vocabulary sizes, with the softmax table replicated and 
 and prints the bytes each kind of collective produces per step, next to what one dense
 gradient of the table would be. The last line is one JSON object with every measurement.
 
-    python benchmarks/communication.py [--config=original] [--devices=8] [--per-device-batch=128]
+    python -m benchmarks.speed.communication [--config=original] [--devices=8] [--per_device_batch=128]
 """
 
 from __future__ import annotations
@@ -13,29 +13,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="original", choices=["small", "medium", "original"])
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--per-device-batch", type=int, default=128)
+    parser.add_argument("--per_device_batch", type=int, default=128)
     parser.add_argument("--unroll", type=int, default=20)
     parser.add_argument("--negatives", type=int, default=8192)
-    parser.add_argument("--distinct-words", type=int, default=8192, help="rows of the batch's table of distinct words")
+    parser.add_argument("--distinct_words", type=int, default=8192, help="rows of the batch's table of distinct words")
     parser.add_argument("--vocab", type=int, nargs="+", default=[100_000, 400_000, 793_471])
     args = parser.parse_args()
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
     )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
     import jax
 
-    from elmo_jax.config import TrainHParams, published
-    from elmo_jax.hlo import communication_bytes
+    from elmo_jax.config import published
+    from elmo_jax.plan.hlo import communication_bytes
+    from elmo_jax.settings import TrainSettings
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import init_train_state, make_train_step
@@ -46,8 +45,8 @@ def main() -> None:
     results = []
     for shard_softmax in (False, True):
         for V in args.vocab:
-            hp = TrainHParams(
-                batch_size=args.per_device_batch,
+            hp = TrainSettings(
+                per_device_batch_size=args.per_device_batch,
                 unroll_steps=args.unroll,
                 n_tokens_vocab=V,
                 n_negative_samples_batch=args.negatives,

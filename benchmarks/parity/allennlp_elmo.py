@@ -2,7 +2,7 @@
 weights and sentences.
 
     bash ../shared/tools/allennlp/setup_refvenv.sh          # once: /tmp/refvenv
-    python benchmarks/allennlp_elmo.py [--reference_python=/tmp/refvenv/bin/python] \\
+    python -m benchmarks.parity.allennlp_elmo [--reference_python=/tmp/refvenv/bin/python] \\
         [--fixtures=../shared/fixtures]
 
 Runs AllenNLP 2.10.1 in its own venv on the fixture model (`elmo/options.json`,
@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT
+
 MIX = [0.5, -0.25, 1.0]
 SETTINGS = [(False, False), (True, False), (False, True), (True, True)]  # (do_layer_norm, keep_sentence_boundaries)
 
@@ -66,7 +66,6 @@ def main() -> None:
         )
         reference = dict(np.load(f"{tmp}/out.npz"))
 
-    sys.path.insert(0, str(ROOT))
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")

@@ -1,7 +1,7 @@
 """Where a train step's time goes: the parts of the step timed alone, forward + backward, at a
 named config's sizes on the default device.
 
-    python benchmarks/ablation.py [--config=cpu_peer] [--per-device-batch=N] [--dtype=f32|bf16]
+    python -m benchmarks.speed.ablation [--config=cpu_peer] [--per_device_batch=N] [--dtype=f32|bf16]
 
 Parts: the token encoder over a batch's distinct words, both LSTM stacks over the batch, the
 sampled softmax of both directions, and the whole train step (which adds the row gather, the
@@ -13,51 +13,33 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import statistics
-import sys
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from throughput import CONFIGS, DTYPES, synthetic_corpus  # noqa: E402
-
-from elmo_jax.config import ModelConfig, TrainHParams  # noqa: E402
-from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
-from elmo_jax.model.lstm import LSTMState, lstm_stacks  # noqa: E402
-from elmo_jax.model.softmax import sampled_softmax_ce  # noqa: E402
-from elmo_jax.model.token_encoder import encode_tokens  # noqa: E402
-from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
-from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
-
-
-def timed(fn, *args, reps: int = 10) -> float:
-    """Median seconds of fn(*args) after a compile and a warm-up call."""
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.common import DTYPES, EXPERIMENTS, size, synthetic_corpus, timed
+from elmo_jax.config import ModelConfig
+from elmo_jax.host_memory import keep_freed_memory
+from elmo_jax.model.lstm import LSTMState, lstm_stacks
+from elmo_jax.model.softmax import sampled_softmax_ce
+from elmo_jax.model.token_encoder import encode_tokens
+from elmo_jax.settings import TrainSettings
+from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.train.step import init_train_state, make_train_step
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
-    parser.add_argument("--per-device-batch", type=int, default=None)
+    parser.add_argument("--config", default="cpu_peer", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--per_device_batch", type=int, default=None)
     parser.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     args = parser.parse_args()
     keep_freed_memory()
-    options, V, S, default_batch = CONFIGS[args.config]
+    options, V, S, default_batch = size(args.config)
     B, T = args.per_device_batch or default_batch, 20
     config = dataclasses.replace(ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype])
-    hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=V, n_negative_samples_batch=S)
+    hp = TrainSettings(per_device_batch_size=B, unroll_steps=T, n_tokens_vocab=V, n_negative_samples_batch=S)
     corpus, vocab = synthetic_corpus(V, max(4 * B, 2000))
     batch = next(StreamBatcher(corpus, vocab, B, T, seed=0, char_window=config.char_cnn.widest_filter))
     state = init_train_state(jax.random.key(0), config, hp, B)

@@ -1,11 +1,11 @@
 """Embedding a file: `launch.py embed` against AllenNLP's `_ElmoBiLm`, whole processes, back to back.
 
     bash ../shared/tools/allennlp/setup_refvenv.sh          # once: /tmp/refvenv
-    python benchmarks/allennlp_embed.py [--sentences=2000] [--size=small] [--out=/tmp/embed_vs_allennlp] \\
+    python -m benchmarks.speed.allennlp_embed [--sentences=2000] [--size=small] [--out=/tmp/embed_vs_allennlp] \\
         [--reference_python=/tmp/refvenv/bin/python] [--baseline=PATH_TO_AN_OLDER_CHECKOUT]
 
 Writes a model of the published size (random weights, exported in bilm-tf's format, which both
-load) and a file of Zipfian sentences (benchmarks/zipf_text.py), then times, each as a whole
+load) and a file of Zipfian sentences (benchmarks/common.py), then times, each as a whole
 process from its start to its exit:
 
 - `launch.py embed --layers=all` with an empty compilation cache, then again with the cache
@@ -34,10 +34,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from zipf_text import write_zipf_file  # noqa: E402  (benchmarks/zipf_text.py)
+from benchmarks.common import ROOT, write_zipf_file
 
 # Run by AllenNLP's Python: argv = options, weights, input, output.
 REFERENCE = """

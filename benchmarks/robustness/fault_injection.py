@@ -7,7 +7,7 @@ checkpoint (a file deleted, truncated or bit-flipped: the run must fall back to 
 checkpoint), and, when run as root, a full disk (the workdir on a small tmpfs: the run must stop
 with one line, its checkpoints intact, and resume once the disk is grown).
 
-    python benchmarks/fault_injection.py --faults=20 --steps=300
+    python -m benchmarks.robustness.fault_injection --faults=20 --steps=300
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from elmo_jax.checkpoint import DamagedCheckpoint, verify_step  # noqa: E402
+from benchmarks.common import ROOT
+from elmo_jax.checkpoint import DamagedCheckpoint, verify_step
 
 
 def train_args(workdir: Path, steps: int) -> list[str]:

@@ -5,7 +5,7 @@
 an accelerator, an XLA thunk on the CPU), its time per step, and shares by part of the model.
 The parts are the `jax.named_scope`s the train step sets (lstm, token_encoder, softmax,
 sampler, dropout, optimizer), found in each op's HLO metadata; ops inside a while loop with
-matmuls are the LSTM time loops. Used by `benchmarks/throughput.py --profile`.
+matmuls are the LSTM time loops. Used by `benchmarks/speed/throughput.py --profile`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jax
 
-from elmo_jax.hlo import computations, instructions, loops
+from elmo_jax.plan.hlo import computations, instructions, loops
 
 PARTS = ("lstm", "token_encoder", "softmax", "sampler", "dropout", "optimizer")
 CONTAINERS = {"while", "call", "conditional", "async-start", "async-done", "async-update"}

@@ -1,7 +1,7 @@
 """A long training run watched from outside: host memory, open files, threads and step time
 over tens of thousands of steps, with checkpoints, held-out evaluations and a resume half-way.
 
-    python benchmarks/soak.py [--steps=20000] [--config=demo] [--workdir=DIR]
+    python -m benchmarks.robustness.soak [--steps=20000] [--config=demo] [--workdir=DIR]
 
 Runs `launch.py train` for steps/2, then again on the same workdir to --steps (a resume), and
 each time the run logs a window (config.train.log_every steps) reads the process's RSS,
@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT
+
 WARM_UP = 1000  # steps of each process left out of the slopes (compiles, caches, first saves)
 EDGE = 5  # samples whose median is the value at the start and at the end
 MEASURES = {"rss_mib": "host RSS (MiB)", "fds": "open descriptors", "threads": "threads", "step_ms": "step time (ms)"}

@@ -3,7 +3,7 @@ compiled HLO on any backend.
 
 Compiles (without running or allocating) the real train step of a published config or
 `cpu_peer` for one device, finds every while loop of the compiled program with its trip count
-and the ops in its body (elmo_jax/hlo.py), and prints them. The loops with matmuls are the LSTM
+and the ops in its body (elmo_jax/plan/hlo.py), and prints them. The loops with matmuls are the LSTM
 time loops: they run one after another and each iteration waits for the last, so the sum of
 their trip counts is the step's critical path in loop steps. The ops per iteration (kernels on
 an accelerator: fusions, matmuls, copies; free ops such as tuples and bitcasts not counted) say
@@ -13,7 +13,7 @@ after a change on this CPU; an accelerator's counts differ by its backend's fusi
 The last line is one JSON object with `dependent_loop_iterations` (per train step),
 `ops_per_iteration` (over those loops, weighted by their trip counts) and every loop.
 
-    python benchmarks/critical_path.py [--config=original] [--per-device-batch=128] [--dtype=bf16]
+    python -m benchmarks.speed.critical_path [--config=original] [--per_device_batch=128] [--dtype=bf16]
 """
 
 from __future__ import annotations
@@ -21,40 +21,37 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from elmo_jax.config import LSTM_SCHEDULES, ModelConfig, TrainHParams  # noqa: E402
+from benchmarks.common import DTYPES, size
+from elmo_jax.config import ModelConfig
+from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="original")
-    parser.add_argument("--per-device-batch", type=int, default=128)
+    parser.add_argument("--per_device_batch", type=int, default=128)
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
-    parser.add_argument("--unroll-steps", type=int, default=20)
-    parser.add_argument("--lstm-schedule", default="auto", choices=LSTM_SCHEDULES)
+    parser.add_argument("--unroll_steps", type=int, default=20)
+    parser.add_argument("--lstm_schedule", default="auto", choices=LSTM_SCHEDULES)
     args = parser.parse_args()
 
     import jax
-    from throughput import CONFIGS, DTYPES
 
-    from elmo_jax.hlo import recurrence
     from elmo_jax.model.lstm import schedule
+    from elmo_jax.plan.hlo import recurrence
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import init_train_state, make_train_step
 
-    options, vocab, negatives, _ = CONFIGS[args.config]
+    options, vocab, negatives, _ = size(args.config)
     config = dataclasses.replace(
         ModelConfig.from_options(options), compute_dtype=DTYPES[args.dtype], lstm_schedule=args.lstm_schedule
     )
     B, T = args.per_device_batch, args.unroll_steps
-    hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab, n_negative_samples_batch=negatives)
+    hp = TrainSettings(
+        per_device_batch_size=B, unroll_steps=T, n_tokens_vocab=vocab, n_negative_samples_batch=negatives
+    )
     parallel = DataParallel(1)
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), config, hp, B, vocab))
     batch = parallel.abstract_batch(B, T, round_up(min(B * T, vocab), 8), config.char_cnn.max_characters_per_token)

@@ -2,7 +2,7 @@
 our loss, from the same weights on the same batch, each differentiated over many dropout draws.
 
     bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
-    python benchmarks/bilm_tf_dropout.py [--draws=2000] [--dropout=0.1] [--ours-dropout=0.1]
+    python -m benchmarks.parity.bilm_tf_dropout [--draws=2000] [--dropout=0.1] [--ours_dropout=0.1]
 
 Masks are random on both sides, so no single draw can match; what must match is the law of the
 gradient. Both sides start from the initial values of fixtures/bilm_tf_training (a tiny model,
@@ -13,7 +13,7 @@ ResidualWrapper around LSTMCell, then dropout on the top output), run in bilm-tf
 same file (`--side=tf`); ours as the train step's loss. It prints, per variable, the gradient
 means' difference in standard errors (z) and the ratio of the gradient variances. Where and how
 often masks are drawn, what they are applied to and how they are scaled all change these;
-`--ours-dropout` different from `--dropout` shows how far off a wrong law lands.
+`--ours_dropout` different from `--dropout` shows how far off a wrong law lands.
 """
 
 from __future__ import annotations
@@ -22,19 +22,18 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # (its bilm-tf side cannot import benchmarks.common)
 FIXTURE = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "bilm_tf_training"
 
 
-def tf_side(draws: int, rate: float, out: str, bilm_work: str) -> None:
-    """In bilm-tf's venv: per-variable mean and mean square of the gradients, and the losses."""
+def tf_side(draws: int, rate: float, out: str) -> None:
+    """In bilm-tf's venv, its code on PYTHONPATH: per-variable mean and mean square of the
+    gradients, and the losses."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, bilm_work)
     import bilm.training as bt
     import h5py
     import numpy as np
@@ -82,17 +81,14 @@ def our_side(draws: int, rate: float) -> tuple:
     import jax
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    sys.path.insert(0, str(ROOT))
     jax.config.update("jax_default_matmul_precision", "highest")
-    from bilm_tf_fixture import load, params_to_tf
-
     from elmo_jax.model.lstm import LSTMState
     from elmo_jax.train.parallel import data_parallel
     from elmo_jax.train.step import _scaled_loss
+    from tests.bilm_tf_fixture import load, params_to_tf
 
     config, hp, values, steps, *_ = load(FIXTURE, dropout=rate)
-    batch, state, mesh = steps[0]["batch"], LSTMState.zeros(config, hp.batch_size), data_parallel(1).mesh
+    batch, state, mesh = steps[0]["batch"], LSTMState.zeros(config, hp.per_device_batch_size), data_parallel(1).mesh
     grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)  # the train step's objective
 
     @jax.jit
@@ -118,14 +114,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--dropout", type=float, default=0.1, help="bilm-tf's rate")
-    parser.add_argument("--ours-dropout", type=float, default=None, help="our rate (default: --dropout)")
-    parser.add_argument("--bilm-python", default="/tmp/bilmvenv/bin/python")
-    parser.add_argument("--bilm-work", default="/tmp/bilm-work")
+    parser.add_argument("--ours_dropout", type=float, default=None, help="our rate (default: --dropout)")
+    parser.add_argument("--bilm_python", default="/tmp/bilmvenv/bin/python")
+    parser.add_argument("--bilm_work", default="/tmp/bilm-work")
     parser.add_argument("--side", choices=["both", "tf"], default="both")
-    parser.add_argument("--tf-out", default=None)
+    parser.add_argument("--tf_out", default=None)
     args = parser.parse_args()
     if args.side == "tf":
-        tf_side(args.draws, args.dropout, args.tf_out, args.bilm_work)
+        tf_side(args.draws, args.dropout, args.tf_out)
         return
 
     import numpy as np
@@ -139,9 +135,9 @@ def main() -> None:
                 "--side=tf",
                 f"--draws={args.draws}",
                 f"--dropout={args.dropout}",
-                f"--tf-out={out}",
-                f"--bilm-work={args.bilm_work}",
+                f"--tf_out={out}",
             ],
+            env={**os.environ, "PYTHONPATH": args.bilm_work},
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -4,7 +4,7 @@ their distributions over a whole run can be compared (how large the steps are, h
 clip at all_clip_norm_val fires), with the held-out perplexity each run ends at.
 
     bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
-    python benchmarks/bilm_tf_steps.py --out=runs/steps \\
+    python -m benchmarks.parity.bilm_tf_steps --out=runs/steps \\
         --train=../shared/data/fortunes/train.txt --heldout=../shared/data/fortunes/heldout.txt \\
         [--epochs=1] [--dropouts=0,0.1] [--seed=0] [--order=shared]
 
@@ -25,19 +25,20 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from bilm_tf_learning import bilm_tf_flags, elmo_jax_command, every_position, last_json
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT
+from benchmarks.parity.bilm_tf_learning import bilm_tf_flags, elmo_jax_command, every_position, last_json
+
 CLIP = 10.0  # the recipe's all_clip_norm_val
 
-# Runs bilm_tf_train_eval.py (argv[3:]) with the hooks; argv[1]: its folder, argv[2]: the records.
+# Runs bilm_tf_train_eval.py (its folder on PYTHONPATH; its flags argv[2:]) with the hooks;
+# argv[1]: the records.
 BILM_TF_RECORDING = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import bilm_tf_train_eval as peer
 import numpy as np
 tf, bt = peer.tf, peer.bt
-records = open(sys.argv[2], "w")
+records = open(sys.argv[1], "w")
 step = {}
 
 def on_loss(loss):
@@ -70,7 +71,7 @@ def clip_grads_recording(grads, options, do_summaries, global_step):
 
 bt.LanguageModel._build_loss = build_loss_recording
 bt.clip_grads = clip_grads_recording
-sys.argv = [peer.__file__] + sys.argv[3:]
+sys.argv = [peer.__file__] + sys.argv[2:]
 peer.main()
 """
 
@@ -79,8 +80,8 @@ def bilm_tf(args, vocab: Path, dropout: float, records: Path) -> dict:
     order = "same" if args.order == "shared" else "independent"
     folder = args.out / f"bilm_tf_dropout{dropout}"
     flags = bilm_tf_flags(args.train, args.heldout, vocab, args.epochs, folder, args.seed, dropout, order)
-    command = [args.bilm_python, "-c", BILM_TF_RECORDING, args.bilm_tools, str(records), *flags]
-    result = last_json(command, args.out / f"bilm_tf_dropout{dropout}.log")
+    command = [args.bilm_python, "-c", BILM_TF_RECORDING, str(records), *flags]
+    result = last_json(command, args.out / f"bilm_tf_dropout{dropout}.log", {"PYTHONPATH": args.bilm_tools})
     return {**result, **every_position(args, folder, result["steps"], vocab, args.heldout), "own_test": result}
 
 
@@ -124,8 +125,8 @@ def main() -> None:
     parser.add_argument("--dropouts", default="0,0.1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--order", default="shared", choices=["shared", "independent"])
-    parser.add_argument("--bilm-python", default="/tmp/bilmvenv/bin/python")
-    parser.add_argument("--bilm-tools", default=str(ROOT.parent / "shared" / "tools" / "bilm_tf"))
+    parser.add_argument("--bilm_python", default="/tmp/bilmvenv/bin/python")
+    parser.add_argument("--bilm_tools", default=str(ROOT.parent / "shared" / "tools" / "bilm_tf"))
     args = parser.parse_args()
     args.out = Path(args.out).absolute()
     args.train, args.heldout = Path(args.train).absolute(), Path(args.heldout).absolute()

@@ -1,7 +1,7 @@
 """Train-step or embedding throughput of a named config on one device.
 
-    python benchmarks/throughput.py --config=original --per-device-batch=128 [--dtype=bf16|f32] [--mode=train|embed]
-        [--lstm-schedule=auto|wavefront|layers] [--profile=STEPS]
+    python -m benchmarks.speed.throughput --config=original --per_device_batch=128 [--dtype=bf16|f32]
+        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--profile=STEPS]
 
 `--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a
 published size or `cpu_peer`, feeds it batches from the real batcher over a synthetic Zipfian
@@ -10,15 +10,15 @@ corpus with the config's vocabulary size, warms up, then times steps. Prints tok
 network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak measured on the
 same device in the same run, and peak device memory. A token is one corpus position, processed
 by both directions. `--profile=N` then traces N more steps with `jax.profiler` and prints where
-their time goes (benchmarks/step_profile.py): the top ops, the ops run per step and the shares of
+their time goes (benchmarks/speed/step_profile.py): the top ops, the ops run per step and the shares of
 the LSTM loops, token encoder, softmax, sampler, dropout and optimizer. On a chip that
 `elmo-jax plan` knows (an H200, H100, A100, TPU v5e/v5p/v6e), the step's own compiled program is
 read as `plan` reads it, and its estimated step time is reported beside the measured one
-(`--plan-target=NAME` forces a target: on a CPU, only to exercise the code).
+(`--plan_target=NAME` forces a target: on a CPU, only to exercise the code).
 
 `--mode=embed` runs the embedding path of `launch.py embed` (`Embedder`: each distinct word
-encoded once, batches of --per-device-batch sentences) over --sentences Zipfian sentences
-(benchmarks/zipf_text.py, a real text's repeat rate), times whole passes after a first one that
+encoded once, batches of --per_device_batch sentences) over --sentences Zipfian sentences
+(benchmarks/common.py, a real text's repeat rate), times whole passes after a first one that
 compiles, and reports tokens/s, the distinct-word count, and the token encoder's time on the
 distinct words against its time on every position (what encoding each distinct word once saves).
 The last line is JSON in both modes.
@@ -31,44 +31,23 @@ import dataclasses
 import functools
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import cpu_peer  # noqa: E402  (experiments/cpu_peer.py)
-import step_profile  # noqa: E402  (benchmarks/step_profile.py)
-from zipf_text import zipf_sentences  # noqa: E402  (benchmarks/zipf_text.py)
-
-from elmo_jax.config import LSTM_SCHEDULES, PUBLISHED_OPTIONS, ModelConfig, TrainHParams  # noqa: E402
-from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
-from elmo_jax.model.bilm import init_params  # noqa: E402
-from elmo_jax.model.lstm import schedule  # noqa: E402
-from elmo_jax.text.batcher import BACKWARD_ORDERS, StreamBatcher  # noqa: E402
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable  # noqa: E402
-from elmo_jax.text.corpus import InMemory  # noqa: E402
-from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary  # noqa: E402
-from elmo_jax.train.step import init_train_state, make_train_step  # noqa: E402
-
-CPU_PEER = cpu_peer.get_config()  # the size compared with the original bilm-tf code
-# name: (options, vocabulary size, negatives, default per-device batch)
-CONFIGS = {
-    "cpu_peer": (
-        CPU_PEER.model.to_dict(),
-        5_000,
-        CPU_PEER.train.n_negative_samples_batch,
-        CPU_PEER.train.per_device_batch_size,
-    ),
-    **{name: (options, 793_471, 8192, 128) for name, options in PUBLISHED_OPTIONS.items()},
-}
+from benchmarks.common import DTYPES, EXPERIMENTS, size, synthetic_corpus, zipf_sentences
+from benchmarks.speed import step_profile
+from elmo_jax import settings
+from elmo_jax.config import ModelConfig
+from elmo_jax.host_memory import keep_freed_memory
+from elmo_jax.model.bilm import init_params
+from elmo_jax.model.lstm import schedule
+from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
+from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
+from elmo_jax.train.step import init_train_state, make_train_step
 
 
 def flops_per_token(config: ModelConfig, negatives: int) -> float:
@@ -80,32 +59,6 @@ def flops_per_token(config: ModelConfig, negatives: int) -> float:
     lstms = 2 * lstm.n_layers * 2 * (2 * P * 4 * H + H * P)
     softmax = 2 * 2 * P * (negatives + 1)
     return 3 * (encoder + lstms + softmax)
-
-
-def synthetic_corpus(vocab_size: int, sentences: int, seed: int = 0):
-    """Sentences of Zipf(1)-distributed words over `vocab_size` invented, frequency-ordered
-    words of 2 to 12 letters; returns (corpus, vocabulary)."""
-    rng = np.random.default_rng(seed)
-    n_words = vocab_size - len(SPECIAL_TOKENS)
-    letters = np.array(list("etaoinshrdlucmfwypvbgkqjxz"))
-    lengths = 2 + np.minimum(np.log2(np.arange(n_words) + 2).astype(int), 10)
-    words = ["".join(letters[(i // 26**k) % 26] for k in range(n)) + str(i) for i, n in enumerate(lengths)]
-    p = 1.0 / np.arange(1, n_words + 1)
-    ids = rng.choice(n_words, size=(sentences, 25), p=p / p.sum())
-
-    class Synthetic(InMemory):
-        name = "synthetic"
-
-        def __len__(self):
-            return sentences
-
-        def __getitem__(self, i):
-            return [words[j] for j in ids[i]]
-
-    return Synthetic(), Vocabulary(list(SPECIAL_TOKENS) + words)
-
-
-DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 
 
 def matmul_peak(dtype, reps: int = 10) -> float:
@@ -212,8 +165,8 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, lstm_schedule: st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
-    parser.add_argument("--per-device-batch", type=int, default=None)
+    parser.add_argument("--config", default="cpu_peer", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--per_device_batch", type=int, default=None)
     parser.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="compute dtype of the matmuls")
     parser.add_argument("--mode", default="train", choices=["train", "embed"])
     parser.add_argument("--steps", type=int, default=20)
@@ -225,20 +178,23 @@ def main() -> None:
         metavar="STEPS",
         help="train: also trace this many steps with jax.profiler and print where their time goes",
     )
-    parser.add_argument("--unroll-steps", type=int, default=20)
-    parser.add_argument("--scan-unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
+    parser.add_argument("--unroll_steps", type=int, default=20)
+    parser.add_argument("--scan_unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
     parser.add_argument(
-        "--lstm-schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each"
+        "--lstm_schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each"
     )
     parser.add_argument(
-        "--backward-order", default="independent", choices=BACKWARD_ORDERS, help="train: the backward LM's sentences"
+        "--backward_order",
+        default="independent",
+        choices=settings.BACKWARD_ORDERS,
+        help="train: the backward LM's sentences",
     )
     parser.add_argument(
-        "--plan-target", default="auto", help="train: the plan target to estimate for (auto: this device's, if known)"
+        "--plan_target", default="auto", help="train: the plan target to estimate for (auto: this device's, if known)"
     )
     parser.add_argument("--sentences", type=int, default=2000, help="embed: Zipfian sentences per pass")
     parser.add_argument(
-        "--release-freed-memory",
+        "--release_freed_memory",
         action="store_true",
         help="leave JAX's CPU dispatch and glibc malloc as they are (launch.py keeps freed memory)",
     )
@@ -246,7 +202,7 @@ def main() -> None:
     if not args.release_freed_memory:
         keep_freed_memory()
 
-    options, vocab_size, negatives, default_batch = CONFIGS[args.config]
+    options, vocab_size, negatives, default_batch = size(args.config)
     B, T = args.per_device_batch or default_batch, args.unroll_steps
     config = dataclasses.replace(
         ModelConfig.from_options(options),
@@ -262,7 +218,9 @@ def main() -> None:
         corpus, vocab, B, T, seed=0, char_window=config.char_cnn.widest_filter, backward_order=args.backward_order
     )
 
-    hp = TrainHParams(batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives)
+    hp = TrainSettings(
+        per_device_batch_size=B, unroll_steps=T, n_tokens_vocab=vocab_size, n_negative_samples_batch=negatives
+    )
     state = init_train_state(jax.random.key(0), config, hp, B)
     tokens_per_step = B * T
     host = [next(batches) for _ in range(args.warmup + args.steps + args.profile)]

@@ -2,10 +2,10 @@
 vocabulary and number of batches, several seeds each, held-out perplexity of every side.
 
     bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
-    python benchmarks/bilm_tf_learning.py --out=runs/fortunes \\
+    python -m benchmarks.parity.bilm_tf_learning --out=runs/fortunes \\
         --train=../shared/data/fortunes/train.txt --heldout=../shared/data/fortunes/heldout.txt \\
         --epochs=4 [--seeds=0,1,2] [--dropout=0.1] [--sides=bilm_tf,elmo_jax,elmo_jax_shared]
-    python benchmarks/bilm_tf_learning.py --out=runs/demo20k --sentences=20000 --epochs=4
+    python -m benchmarks.parity.bilm_tf_learning --out=runs/demo20k --sentences=20000 --epochs=4
 
 The text is --train / --heldout (one whitespace-tokenized sentence a line) or, without them,
 the built-in demo corpus written out as files (its first --sentences training sentences, all
@@ -28,25 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "experiments"))
+import numpy as np
 
-import cpu_peer  # noqa: E402
-import numpy as np  # noqa: E402
-from bilm_tf_fixture import params_from_tf  # noqa: E402
-
-from elmo_jax import experiment  # noqa: E402
-from elmo_jax.text.demo_corpus import DemoCorpus  # noqa: E402
-from elmo_jax.text.sources import open_corpus  # noqa: E402
-from elmo_jax.text.vocab import Vocabulary  # noqa: E402
-from elmo_jax.train.evaluate import evaluate  # noqa: E402
+from benchmarks.common import ROOT
+from elmo_jax import experiment
+from elmo_jax.text.demo_corpus import DemoCorpus
+from elmo_jax.text.sources import open_corpus
+from elmo_jax.text.vocab import Vocabulary
+from elmo_jax.train.evaluate import evaluate
+from experiments import cpu_peer
+from tests.bilm_tf_fixture import params_from_tf
 
 ROWS, UNROLL = 32, 20  # experiments/cpu_peer.py on one device, as bilm_tf_train_eval.py
 # side -> what it runs: bilm-tf's --backward-order, or ours' config.data.backward_order
@@ -83,12 +80,15 @@ def bilm_tf_steps(train: Path, epochs: int) -> int:
     return epochs * (words // (ROWS * UNROLL))
 
 
-def last_json(command: list[str], log: Path) -> dict:
-    """Runs `command`, its output into `log`; its last stdout line parsed as JSON."""
+def last_json(command: list[str], log: Path, env: dict | None = None) -> dict:
+    """Runs `command` (`env` added to the environment), its output into `log`; its last stdout
+    line parsed as JSON."""
     shown = " ".join("<program>" if "\n" in part else part for part in command)  # `python -c` sources
     print("$", shown, flush=True)
     with open(log, "w") as f:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
+        done = subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT, env={**os.environ, **(env or {})}
+        )
     lines = done.stdout.strip().splitlines()
     log.with_suffix(".stdout").write_text(done.stdout)
     if done.returncode != 0 or not lines:
@@ -166,8 +166,8 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--epochs", type=int, default=1, help="bilm-tf epochs (ours: the same number of batches)")
     parser.add_argument("--sides", default="bilm_tf,elmo_jax,elmo_jax_shared", help=f"some of {', '.join(SIDES)}")
-    parser.add_argument("--bilm-python", default="/tmp/bilmvenv/bin/python")
-    parser.add_argument("--bilm-tools", default=str(ROOT.parent / "shared" / "tools" / "bilm_tf"))
+    parser.add_argument("--bilm_python", default="/tmp/bilmvenv/bin/python")
+    parser.add_argument("--bilm_tools", default=str(ROOT.parent / "shared" / "tools" / "bilm_tf"))
     args = parser.parse_args()
     sides = args.sides.split(",")
     if unknown := set(sides) - set(SIDES):

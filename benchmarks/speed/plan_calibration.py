@@ -2,10 +2,10 @@
 2026-11-30 (1fa3572, float32), beside what was measured (docs/PERFORMANCE.md).
 
     git worktree add /tmp/cal1fa 1fa3572
-    .venv/bin/python benchmarks/plan_calibration.py --checkout=/tmp/cal1fa
+    .venv/bin/python -m benchmarks.speed.plan_calibration --checkout=/tmp/cal1fa
 
 Each batch size is compiled for the H200 without one in a child process that imports the old
-checkout's elmo_jax and builds its step as its own benchmarks/throughput.py did (the same
+checkout's elmo_jax and builds its step as its own benchmarks/speed/throughput.py did (the same
 synthetic corpus and batcher, the distinct-word table padded to the largest of the 18 batches
 that run timed); this checkout's plan reads the compiled program. Needs elmo_jax[plan].
 """
@@ -23,12 +23,12 @@ from pathlib import Path
 # 2026-11-30 on one H200, float32 (TF32 matmuls), original size, T = 20: rows -> step seconds.
 MEASURED = {128: 30.0e-3, 256: 45.7e-3, 512: 74.4e-3}
 
-# Run in the child, with the old checkout first on sys.path: compile its step, write its text.
+# Run in the child, in the old checkout's API, with it (and its benchmarks/) on PYTHONPATH:
+# compile its step, write its text.
 CHILD = r"""
 import json, sys
 import jax, numpy as np
 from jax.experimental import topologies
-sys.path.insert(0, sys.argv[1] + "/benchmarks")
 import throughput as old
 from elmo_jax.config import ModelConfig, TrainHParams
 from elmo_jax.text.batcher import StreamBatcher
@@ -57,7 +57,8 @@ json.dump({"memory": memory, "words": U}, open(out + ".json", "w"))
 
 
 def compile_old(checkout: Path, rows: int, topology: dict, out: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(checkout), JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
+    path = f"{checkout}{os.pathsep}{checkout / 'benchmarks'}"
+    env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
     arg = json.dumps({"rows": rows, "topology": topology, "out": out})
     done = subprocess.run([sys.executable, "-c", CHILD, str(checkout), arg], env=env, capture_output=True, text=True)
     if done.returncode:

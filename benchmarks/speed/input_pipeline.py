@@ -1,9 +1,9 @@
 """Input pipeline throughput alone: the StreamBatcher (word ids, char-table rows, the batch's
 distinct words) on one CPU core, without any device work.
 
-    python benchmarks/input_pipeline.py [--batch=128] [--unroll=20] [--vocab=100000] [--batches=200]
+    python -m benchmarks.speed.input_pipeline [--batch=128] [--unroll=20] [--vocab=100000] [--batches=200]
 
-Feeds it a synthetic Zipfian corpus (the same as benchmarks/throughput.py) and prints tokens/s
+Feeds it a synthetic Zipfian corpus (the same as benchmarks/speed/throughput.py) and prints tokens/s
 (a token = one position of one row) and ms per batch; the last line is JSON.
 """
 
@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
-
-from throughput import synthetic_corpus  # noqa: E402
-
-from elmo_jax.text.batcher import StreamBatcher  # noqa: E402
+from benchmarks.common import synthetic_corpus
+from elmo_jax.text.batcher import StreamBatcher
 
 
 def main() -> None:

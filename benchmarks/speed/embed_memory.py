@@ -1,7 +1,7 @@
 """Peak host memory of `launch.py embed` on a training workdir with a large vocabulary: what
 restoring a checkpoint for inference costs.
 
-    python benchmarks/embed_memory.py [--config=elmo_original] [--vocab=100000] [--checkout=DIR ...] [--repeats=2]
+    python -m benchmarks.speed.embed_memory [--config=elmo_original] [--vocab=100000] [--checkout=DIR ...] [--repeats=2]
 
 Trains one step of the given size on a synthetic text whose vocabulary has `--vocab` words (so
 the checkpoint holds the softmax table and its Adagrad accumulators, V x P each), then runs
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT
 
 
 def write_corpus(path: Path, vocab: int, sentences: int = 2_000, seed: int = 0) -> None:

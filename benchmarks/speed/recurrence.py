@@ -1,9 +1,9 @@
 """The LSTM time loops: the layer wavefront against layer after layer, and the floor of one
 loop step.
 
-    python benchmarks/recurrence.py [--config=cpu_peer] [--per-device-batch=N] [--steps=200]
-    taskset -c 0 python benchmarks/recurrence.py    # the same on one core (Linux)
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python benchmarks/recurrence.py
+    python -m benchmarks.speed.recurrence [--config=cpu_peer] [--per_device_batch=N] [--steps=200]
+    taskset -c 0 python -m benchmarks.speed.recurrence    # the same on one core (Linux)
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m benchmarks.speed.recurrence
 
 First the real LSTM stacks (`lstm_stacks`, both directions, dropout between layers and the
 residual, as in training), forward and backward (the gradient of the top layer), under both
@@ -24,25 +24,19 @@ each in the time of one (see docs/PERFORMANCE.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import dataclasses  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from ablation import timed  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-from throughput import CONFIGS  # noqa: E402
-
-from elmo_jax.config import ModelConfig  # noqa: E402
-from elmo_jax.host_memory import keep_freed_memory  # noqa: E402
-from elmo_jax.model.lstm import LSTMState, dropout_keep_masks, init_lstm, lstm_stacks  # noqa: E402
+from benchmarks.common import EXPERIMENTS, size, timed
+from elmo_jax.config import ModelConfig
+from elmo_jax.host_memory import keep_freed_memory
+from elmo_jax.model.lstm import LSTMState, dropout_keep_masks, init_lstm, lstm_stacks
 
 
 def loop_step_seconds(directions: int, B: int, P: int, G: int, steps: int, devices: int = 1, reps: int = 10) -> float:
@@ -91,13 +85,13 @@ def schedules_seconds(config: ModelConfig, B: int, T: int, dropout: float = 0.1)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="cpu_peer", choices=sorted(CONFIGS))
-    parser.add_argument("--per-device-batch", type=int, default=None)
+    parser.add_argument("--config", default="cpu_peer", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--per_device_batch", type=int, default=None)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--unroll-steps", type=int, default=20, help="T of the LSTM stacks")
+    parser.add_argument("--unroll_steps", type=int, default=20, help="T of the LSTM stacks")
     args = parser.parse_args()
     keep_freed_memory()
-    options, _, _, default_batch = CONFIGS[args.config]
+    options, _, _, default_batch = size(args.config)
     config = ModelConfig.from_options(options)
     lstm = config.lstm
     B, P, G = args.per_device_batch or default_batch, lstm.projection_dim, 4 * lstm.dim

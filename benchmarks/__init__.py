@@ -1,0 +1,1 @@
+"""Measurements of elmo_jax, run from the repository root as modules (README.md here)."""

@@ -1,0 +1,1 @@
+"""Robustness: kills and damaged checkpoints injected into training runs, and long soak runs."""
