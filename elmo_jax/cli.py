@@ -26,7 +26,7 @@ from elmo_jax.commands import COMMANDS
 from elmo_jax.commands.command import prog, usage_line
 from elmo_jax.commands.flags import COMMON_FLAGS, FLAGS
 from elmo_jax.commands.process import run_command
-from elmo_jax.errors import UserError
+from elmo_jax.errors import UserError, as_flags
 from elmo_jax.experiment import experiment_file, packaged_experiments
 
 RENAMED = {"out": "output"}  # flags of earlier releases
@@ -138,7 +138,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         args = _resolve_config(args)
     except UserError as e:
-        _fail(f"{prog()} {command}: {e}")
+        _fail(f"{prog()} {command}: {as_flags(e)}")
     try:
         rest = FLAGS([argv[0], *args])
     except Exception as e:  # flag values, or the experiment file's own code (a SyntaxError names its line)

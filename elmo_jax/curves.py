@@ -101,7 +101,7 @@ def plot_curves(workdir: str | Path, output: str | Path | None = None, overwrite
     figure.suptitle(str(workdir.path))
 
     target = Path(output) if output is not None else workdir.curves_png
-    with replacing(target, overwrite, (workdir.metrics_jsonl,), "--output") as tmp:
+    with replacing(target, overwrite, (workdir.metrics_jsonl,)) as tmp:
         figure.savefig(tmp, format="png", dpi=110)
     return target
 

@@ -37,11 +37,12 @@ def initialize(coordinator: str, num_processes: int | None, process_id: int | No
         return
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit():
-        raise UserError(f"--coordinator={coordinator!r}: expected HOST:PORT or auto")
+        raise UserError(f"coordinator={coordinator!r}: expected HOST:PORT or auto", ("coordinator",))
     if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
         raise UserError(
-            f"--coordinator needs --num_processes=N and --process_id=I with 0 <= I < N "
-            f"(got {num_processes} and {process_id})"
+            f"coordinator={coordinator!r} needs num_processes=N and process_id=I with 0 <= I < N "
+            f"(got {num_processes} and {process_id})",
+            ("coordinator", "num_processes", "process_id"),
         )
     if process_id != 0 and not _wait_for_port(host, int(port), timeout_s):
         raise ConnectionError(

@@ -415,17 +415,17 @@ def embed_file(
     file (the datasets keep their line numbers). Logs sentences/s and tokens/s; returns the
     number of lines embedded."""
     if layers not in LAYER_MODES:
-        raise UserError(f"unknown --layers {layers!r}; expected one of {LAYER_MODES}")
+        raise UserError(f"layers={layers!r}: expected one of {LAYER_MODES}", ("layers",))
     limits = {"batch_size": batch_size, "max_tokens": max_tokens, "max_sentence_tokens": max_sentence_tokens}
     for name, value in limits.items():
         if value < 1:
-            raise UserError(f"--{name}={value}: must be a positive integer")
+            raise UserError(f"{name}={value}: must be a positive integer", (name,))
     if not 0 <= shard[0] < shard[1]:
-        raise UserError(f"--shard_index={shard[0]} --num_shards={shard[1]}: need 0 <= shard_index < num_shards")
+        raise UserError(f"shard={shard}: (index, count) needs 0 <= index < count")
     input_path = Path(input_path)
     if not input_path.is_file():
         raise MissingFile(f"input file not found: {input_path}")
-    with replacing(output_path, overwrite, (input_path,), "--output") as tmp:
+    with replacing(output_path, overwrite, (input_path,)) as tmp:
         embedder = Embedder(model, batch_size, stateful, max_tokens, devices)
         return _embed_lines(embedder, input_path, tmp, layers, chunk_sentences, max_sentence_tokens, shard)
 
@@ -456,8 +456,9 @@ def _embed_lines(
             for index, tokens, text in chunk:
                 if len(tokens) > max_sentence_tokens:
                     raise UserError(
-                        f"{input_path}: line {index + 1} has {len(tokens):,} tokens, more than --max_sentence_tokens="
-                        f"{max_sentence_tokens:,} (is it one sentence?); split it or raise the limit"
+                        f"{input_path}: line {index + 1} has {len(tokens):,} tokens, more than max_sentence_tokens="
+                        f"{max_sentence_tokens:,} (is it one sentence?); split it or raise the limit",
+                        ("max_sentence_tokens",),
                     )
                 sentence_to_index[text] = str(index)
             writer.put([(str(i), np.zeros(empty_shape, np.float32)) for i, tokens, _ in chunk if not tokens])

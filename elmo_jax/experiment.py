@@ -47,7 +47,8 @@ def experiment_file(name_or_path: str) -> str:
     packaged = packaged_experiments()
     if path not in packaged:
         raise UserError(
-            f"--config={name_or_path}: not a packaged experiment ({', '.join(sorted(packaged))}) nor a config file"
+            f"config={name_or_path}: not a packaged experiment ({', '.join(sorted(packaged))}) nor a config file",
+            ("config",),
         )
     return f"{packaged[path]}{colon}{argument}"
 

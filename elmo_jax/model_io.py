@@ -91,7 +91,9 @@ def _one_file(folder: Path, suffix: str) -> Path | None:
     found = sorted(p for p in folder.glob(f"*{suffix}") if p.is_file())
     if len(found) > 1:
         raise UserError(
-            f"{folder}: several *{suffix} files ({', '.join(p.name for p in found)}); give --options and --weights"
+            f"{folder}: several *{suffix} files ({', '.join(p.name for p in found)}); name them: options=FILE "
+            "and weights=FILE",
+            ("options", "weights"),
         )
     return found[0] if found else None
 
@@ -122,7 +124,7 @@ def _load_workdir(workdir: Workdir) -> Model:
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
     """A params-only Orbax checkpoint with its options.json (and vocab.txt if any), built
     beside `out` and renamed into place (see elmo_jax.outputs)."""
-    with replacing(out, overwrite, inputs, "--output") as folder:
+    with replacing(out, overwrite, inputs) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json")
         softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
@@ -139,7 +141,7 @@ def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs
 def export_model(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
     """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any; the
     folder is built beside `out` and renamed into place (see elmo_jax.outputs)."""
-    with replacing(out, overwrite, inputs, "--output") as folder:
+    with replacing(out, overwrite, inputs) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json", model.options)
         save_weights(folder / "weights.hdf5", model.params, model.config)

@@ -30,27 +30,29 @@ def _contains(outer: Path, inner: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = (), flag: str = "output") -> Path:
+def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Path:
     """The target as an absolute path, after refusing an input as output and, unless
-    `overwrite`, an existing target."""
+    `overwrite`, an existing target (errors name it `output`, the command line's flag)."""
     target = Path(target).absolute()
     resolved = target.resolve()
     for given in inputs:
         if given is not None and _contains(resolved, Path(given).resolve()):
-            raise UserError(f"{flag} {target} is (or holds) the input {given}: choose another output")
+            raise UserError(f"output={target} is (or holds) the input {given}: choose another output", ("output",))
     if target.exists() and not overwrite:
-        raise UserError(f"{flag} {target} already exists: pass --overwrite to replace it, or choose another")
+        raise UserError(
+            f"output={target} already exists: overwrite=True replaces it, or choose another", ("output", "overwrite")
+        )
     if not target.parent.is_dir():
-        raise UserError(f"{flag} {target}: the folder {target.parent} does not exist")
+        raise UserError(f"output={target}: the folder {target.parent} does not exist", ("output",))
     return target
 
 
 @contextlib.contextmanager
-def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = (), flag: str = "output") -> Iterator[Path]:
+def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Iterator[Path]:
     """Yields a temporary path beside `target` to write the whole output to (a file or a
     folder); on success it replaces `target`, on any error it is removed."""
     clear_leftovers(Path(target).absolute())
-    target = check_output(target, overwrite, inputs, flag)
+    target = check_output(target, overwrite, inputs)
     tmp = _temporary(target, "tmp")
     _remove(tmp)  # a reused PID's
     try:

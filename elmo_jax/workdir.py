@@ -96,7 +96,7 @@ class Workdir:
 
     def saved(self) -> dict:
         """config.json as written; a damaged one is a UserError naming it."""
-        return read_json(self.config_json, "run config", hint="; restore it, or use another --workdir")
+        return read_json(self.config_json, "run config", hint="; restore it, or use another workdir")
 
     def saved_config(self) -> ml_collections.ConfigDict:
         """The run's saved config; fields it predates take base_config's defaults."""
@@ -125,7 +125,7 @@ class Workdir:
             raise UserError(
                 f"{self.vocab_txt} ({len(vocab)} words, sha256 {vocab.record()['sha256'][:12]}) is not the vocabulary "
                 f"this run recorded in {self.config_json} ({recorded['words']} words, sha256 "
-                f"{recorded['sha256'][:12]}): it was changed or damaged; restore it, or use another --workdir"
+                f"{recorded['sha256'][:12]}): it was changed or damaged; restore it, or use another workdir"
             )
         return vocab
 
@@ -170,7 +170,7 @@ class Workdir:
             raise UserError(
                 f"{self.path} holds a checkpoint of a different run (this config vs the saved one): "
                 + "; ".join(diffs)
-                + ". Use another --workdir, or the saved config."
+                + ". Use another workdir, or the saved config."
             )
 
     def check_vocab(self, table_rows: int, config: ml_collections.ConfigDict, vocab: Vocabulary) -> None:

@@ -1,8 +1,8 @@
 """Shared test set-up: JAX on CPU with 8 devices (to test sharding; code that should use one
 sets config.train.devices = 1) compiled without LLVM's optimizations, full float32 matmuls, a
 persistent compile cache, freed host memory kept in the process (elmo_jax/host_memory.py, as
-the commands do: elmo_jax/commands/process.py), and the location of the shared fixtures (ELMO_JAX_FIXTURES, default
-../shared/fixtures).
+the commands do: elmo_jax/commands/process.py), and where the fixtures of the original code are
+(ELMO_JAX_FIXTURES; by default a `shared/fixtures` folder beside the checkout).
 
 Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
 (as .ci/run sets), which makes their absence a failure.

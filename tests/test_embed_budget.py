@@ -44,7 +44,7 @@ def test_batches_stay_within_the_token_budget_and_a_long_line_runs_alone(tmp_pat
         for i in (0, 17, 39):
             np.testing.assert_allclose(f[str(i)][...], alone([lines[i].split()])[0], atol=1e-6)
 
-    with pytest.raises(UserError, match=r"in.txt: line 18 has 3,000 tokens, more than --max_sentence_tokens=2,999"):
+    with pytest.raises(UserError, match=r"in.txt: line 18 has 3,000 tokens, more than max_sentence_tokens=2,999"):
         embed_file(model, src, tmp_path / "refused.h5", "all", max_sentence_tokens=2999)
     assert not (tmp_path / "refused.h5").exists()
 

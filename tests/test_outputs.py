@@ -27,7 +27,7 @@ from elmo_jax.strict_json import dumps
 def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_error(tmp_path):
     target = tmp_path / "out.txt"
     target.write_text("old")
-    with pytest.raises(UserError, match="out.txt already exists: pass --overwrite"):
+    with pytest.raises(UserError, match="out.txt already exists: overwrite=True replaces it"):
         with replacing(target):
             pass
     with pytest.raises(UserError, match="is \\(or holds\\) the input"):

@@ -9,7 +9,7 @@ from cli import assert_one_line_error, run_cli
 from test_training_run import tiny_config
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.errors import UserError
+from elmo_jax.errors import UserError, as_flags
 from elmo_jax.experiment import base_config, train_settings, validate
 from elmo_jax.interop.bilm_hdf5 import load_weights
 from elmo_jax.settings import TrainSettings
@@ -124,6 +124,17 @@ def test_config_json_of_earlier_versions_loads_as_it_ran(tmp_path, predated):
         eval_sentences=500,
         n_tokens_vocab=5000,
     )
+
+
+def test_the_command_line_spells_the_arguments_of_a_library_error_as_its_flags():
+    error = UserError(
+        "shard_index=3, num_shards=3: bad; out.h5 exists: overwrite=True replaces it; a_shard_index=1 as written",
+        ("shard_index", "overwrite"),
+    )
+    assert as_flags(error) == (
+        "--shard_index=3, num_shards=3: bad; out.h5 exists: --overwrite replaces it; a_shard_index=1 as written"
+    )
+    assert as_flags(UserError("shard_index=3")) == "shard_index=3"  # no arguments named: as written
 
 
 def test_negatives_must_be_fewer_than_the_vocabulary(tmp_path, text_data):

@@ -1,9 +1,9 @@
 """`elmo_jax.Elmo` and `batch_to_ids` against AllenNLP's `Elmo` and `batch_to_ids`, on the same
 weights and sentences.
 
-    bash ../shared/tools/allennlp/setup_refvenv.sh          # once: /tmp/refvenv
+    bash $SHARED/tools/allennlp/setup_refvenv.sh          # once: /tmp/refvenv
     python -m benchmarks.parity.allennlp_elmo [--reference_python=/tmp/refvenv/bin/python] \\
-        [--fixtures=../shared/fixtures]
+        [--fixtures=DIR (default: $ELMO_JAX_FIXTURES)]
 
 Runs AllenNLP 2.10.1 in its own venv on the fixture model (`elmo/options.json`,
 `lm_weights.hdf5`) and the 30 fixture sentences plus a few awkward tokens (long, multi-byte,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT
+from benchmarks.common import FIXTURES
 
 MIX = [0.5, -0.25, 1.0]
 SETTINGS = [(False, False), (True, False), (False, True), (True, True)]  # (do_layer_norm, keep_sentence_boundaries)
@@ -55,7 +55,7 @@ def sentences(fixtures: Path) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference_python", default="/tmp/refvenv/bin/python")
-    parser.add_argument("--fixtures", default=str(ROOT.parent / "shared" / "fixtures"))
+    parser.add_argument("--fixtures", default=str(FIXTURES))
     args = parser.parse_args()
     fixtures = Path(args.fixtures).resolve()
     batch = sentences(fixtures)

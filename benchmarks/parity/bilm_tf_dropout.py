@@ -1,7 +1,7 @@
 """Dropout as the original applies it, checked in distribution: bilm-tf's own training graph and
 our loss, from the same weights on the same batch, each differentiated over many dropout draws.
 
-    bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
+    bash $SHARED/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
     python -m benchmarks.parity.bilm_tf_dropout [--draws=2000] [--dropout=0.1] [--ours_dropout=0.1]
 
 Masks are random on both sides, so no single draw can match; what must match is the law of the

@@ -1,9 +1,9 @@
 """Learning side by side with the original bilm-tf training code: the same text, sizes,
 vocabulary and number of batches, several seeds each, held-out perplexity of every side.
 
-    bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
+    bash $SHARED/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
     python -m benchmarks.parity.bilm_tf_learning --out=runs/fortunes \\
-        --train=../shared/data/fortunes/train.txt --heldout=../shared/data/fortunes/heldout.txt \\
+        --train=$SHARED/data/fortunes/train.txt --heldout=$SHARED/data/fortunes/heldout.txt \\
         --epochs=4 [--seeds=0,1,2] [--dropout=0.1] [--sides=bilm_tf,elmo_jax,elmo_jax_shared]
     python -m benchmarks.parity.bilm_tf_learning --out=runs/demo20k --sentences=20000 --epochs=4
 

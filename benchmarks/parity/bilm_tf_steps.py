@@ -3,9 +3,9 @@ loss and the global gradient norm before clipping (of unroll_steps x the loss, b
 their distributions over a whole run can be compared (how large the steps are, how often the
 clip at all_clip_norm_val fires), with the held-out perplexity each run ends at.
 
-    bash ../shared/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
+    bash $SHARED/tools/bilm_tf/setup_bilmtf.sh       # once: /tmp/bilmvenv, /tmp/bilm-work
     python -m benchmarks.parity.bilm_tf_steps --out=runs/steps \\
-        --train=../shared/data/fortunes/train.txt --heldout=../shared/data/fortunes/heldout.txt \\
+        --train=$SHARED/data/fortunes/train.txt --heldout=$SHARED/data/fortunes/heldout.txt \\
         [--epochs=1] [--dropouts=0,0.1] [--seed=0] [--order=shared]
 
 --order=shared runs bilm-tf with both directions shuffled alike (`--backward-order=same`) and

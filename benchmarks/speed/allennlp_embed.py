@@ -1,6 +1,6 @@
 """Embedding a file: `launch.py embed` against AllenNLP's `_ElmoBiLm`, whole processes, back to back.
 
-    bash ../shared/tools/allennlp/setup_refvenv.sh          # once: /tmp/refvenv
+    bash $SHARED/tools/allennlp/setup_refvenv.sh          # once: /tmp/refvenv
     python -m benchmarks.speed.allennlp_embed [--sentences=2000] [--size=small] [--out=/tmp/embed_vs_allennlp] \\
         [--reference_python=/tmp/refvenv/bin/python] [--baseline=PATH_TO_AN_OLDER_CHECKOUT]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from absl.flags import FlagValues
 
 from elmo_jax.commands.command import prog
-from elmo_jax.errors import RunFailed, UserError
+from elmo_jax.errors import RunFailed, UserError, as_flags
 from elmo_jax.progress import log_handler
 
 
@@ -70,7 +70,8 @@ def _report(name: str, error: BaseException, status: int, verbose: bool) -> None
     """One line, unless --verbose or ELMO_JAX_TRACEBACK=1 asks for the traceback."""
     if verbose or os.environ.get("ELMO_JAX_TRACEBACK") == "1":
         raise error
-    print(f"{prog()} {name}: {error}", file=sys.stderr)
+    message = as_flags(error) if isinstance(error, UserError) else str(error)
+    print(f"{prog()} {name}: {message}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # no interpreter teardown: a failed save's threads would print their own tracebacks

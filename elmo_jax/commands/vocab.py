@@ -19,9 +19,9 @@ def main(flags: FlagValues) -> None:
     from elmo_jax.text.vocab import build_vocabulary, summary
 
     inputs = _source_files(flags.data)
-    check_output(flags.output, flags.overwrite, inputs, "--output")  # before counting
+    check_output(flags.output, flags.overwrite, inputs)  # before counting
     vocab, stats = build_vocabulary(stream_sentences(flags.data), flags.min_count)
-    with replacing(flags.output, flags.overwrite, inputs, "--output") as tmp:
+    with replacing(flags.output, flags.overwrite, inputs) as tmp:
         vocab.save(tmp)
     log.info("%s: %s; written to %s", flags.data, summary(stats), flags.output)
     print(strict_json.dumps(stats))

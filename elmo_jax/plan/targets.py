@@ -33,10 +33,12 @@ class Target:
         """Arguments of `jax.experimental.topologies.get_topology_desc` for `devices` chips."""
         if self.platform == "cuda":
             if not 1 <= devices <= 8:
-                raise UserError(f"--devices={devices}: one host of {self.name} holds 1 to 8 GPUs")
+                raise UserError(f"devices={devices}: one host of {self.name} holds 1 to 8 GPUs", ("devices",))
             return {"platform": "cuda", "target_config": self.target_config(), "topology": f"1x1x{devices}"}
         if devices not in self.tpu_topologies:
-            raise UserError(f"--devices={devices}: {self.name} slices here have {sorted(self.tpu_topologies)} chips")
+            raise UserError(
+                f"devices={devices}: {self.name} slices here have {sorted(self.tpu_topologies)} chips", ("devices",)
+            )
         return {"platform": "tpu", "topology_name": self.tpu_topologies[devices]}
 
     def target_config(self) -> str:
@@ -182,5 +184,5 @@ def for_device_kind(kind: str) -> Target | None:
 
 def target(name: str) -> Target:
     if name not in TARGETS:
-        raise UserError(f"--target={name}: one of {', '.join(TARGETS)}")
+        raise UserError(f"target={name}: one of {', '.join(TARGETS)}", ("target",))
     return TARGETS[name]

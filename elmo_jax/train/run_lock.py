@@ -27,7 +27,7 @@ class RunLock:
             os.close(self.fd)
             raise UserError(
                 f"{workdir} is in use by another training run ({holder or 'holder unknown'}; lock {self.path}): "
-                "wait for it to end or stop it, or use another --workdir"
+                "wait for it to end or stop it, or use another workdir"
             ) from None
         previous = self._holder()
         if previous:
