@@ -13,7 +13,8 @@ run WINDOW steps per call, carrying their state: one compiled program per row co
 the sentence lengths. Where layer 0 runs in a loop of its own (the layers schedule, on CPU), its
 input half of the gates is context-free too: computed once per distinct word
 (`token_input_gates`, at most MAX_GATE_TABLE_BYTES) and gathered, not computed at every
-position (a fifth of the LSTMs' matmul work at the published sizes). Stateless, the sentences
+position (a fifth of the LSTMs' matmul work at the published sizes); there the windows read
+W_0's input and recurrent halves, split once (`split_input_weights`). Stateless, the sentences
 are packed back to back into the rows of each round (`pack_rounds`), the state restarting at
 each one, so that almost no position is padding. Exact: the same layers as `bilm_layers` on
 the full char ids.
@@ -44,7 +45,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.local_devices import LocalDevices
 from elmo_jax.model.bilm import lstm_layers_of_streams, token_input_gates
-from elmo_jax.model.lstm import LSTMState, schedule
+from elmo_jax.model.lstm import LSTMState, schedule, split_input_weights
 from elmo_jax.model.token_encoder import encode_tokens as encode_token_vectors
 from elmo_jax.model_io import Model
 from elmo_jax.outputs import replacing
@@ -145,7 +146,10 @@ class Embedder:
         self.model, self.config = model, model.config
         self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
         self.devices = LocalDevices(devices)
-        self.params = self.devices.replicate({k: model.params[k] for k in ("token_encoder", "lstm")})
+        params = {k: model.params[k] for k in ("token_encoder", "lstm")}
+        if schedule(self.config) == "layers":  # its windows read W_0's halves: split once, here
+            params["lstm"] = split_input_weights(params["lstm"])
+        self.params = self.devices.replicate(params)
         self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
         self.state = self._zero_state(self.devices.round_up(batch_size))
         self.table_rows = 0  # the word table's rows: only grows, so the LSTMs compile once per batch shape

@@ -16,6 +16,7 @@ from elmo_jax.model.lstm import (
     dropout_keep_masks,
     input_gates,
     lstm_stacks,
+    split_input_weights,
 )
 
 RATE = 0.3
@@ -145,6 +146,29 @@ def test_precomputed_input_gates_need_layer_0_in_a_loop_of_its_own():
             reset_BT=reset,
             gates_2BTG=gates,
         )
+
+
+def test_split_weights_give_the_same_layers_in_loops_of_one_layer():
+    """W_0's halves, split once for inference (the input half of each row-block, then h's)."""
+    config, params, x, mask, state, _ = random_case(2, True)
+    reset = np.zeros_like(mask)
+    reset[1, 3] = True  # a second sentence in row 1
+    layers = dataclasses.replace(config, lstm_schedule="layers")
+    split = split_input_weights(params)
+    assert "W_0" not in split["layer_1"] and split["layer_1"]["W_x"].shape == (
+        2,
+        config.lstm.projection_dim,
+        4 * config.lstm.dim,
+    )
+    want, want_state = lstm_stacks(params, x, mask, state, layers, reset_BT=reset)
+    got, got_state = lstm_stacks(split, x, mask, state, layers, reset_BT=reset)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_state.c, want_state.c)
+    swapped = {k: {**v, "W_x": v["W_h"], "W_h": v["W_x"]} for k, v in split.items()}
+    assert np.abs(np.asarray(lstm_stacks(swapped, x, mask, state, layers, reset_BT=reset)[0]) - want).max() > 0.1
+    for schedule, reset_BT in (("wavefront", reset), ("layers", None)):
+        with pytest.raises(ValueError, match="split weights need layers in loops of their own"):
+            lstm_stacks(split, x, mask, state, dataclasses.replace(config, lstm_schedule=schedule), reset_BT=reset_BT)
 
 
 GRADIENTS = ["W_0", "B", "W_P_0", "x", "h0", "c0"]

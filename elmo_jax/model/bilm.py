@@ -93,10 +93,11 @@ def lstm_layers_of_streams(
 def token_input_gates(lstm_params: Params, tokens_UP: jax.Array, config: ModelConfig) -> jax.Array:
     """Layer 0's input half of the gates for each distinct token (U, P), both directions ->
     (2, U, 4C): where layer 0 runs in a loop of its own, its inputs are context-free, so their
-    gates can be computed once per token instead of once per position."""
+    gates can be computed once per token instead of once per position. Takes W_0 whole or split
+    (`split_input_weights`)."""
     layer = lstm_params["layer_0"]
     x_2UP = jnp.broadcast_to(tokens_UP, (2, *tokens_UP.shape))
-    return input_gates(layer["W_0"], layer["B"], x_2UP, config.compute_dtype)
+    return input_gates(layer["W_x"] if "W_x" in layer else layer["W_0"], layer["B"], x_2UP, config.compute_dtype)
 
 
 def reverse_within(x_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:

@@ -142,10 +142,23 @@ def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Arra
 
 
 def input_gates(W_0: jax.Array, b: jax.Array, x_DNP: jax.Array, dtype: str = "float32") -> jax.Array:
-    """One layer's input half of the gates of each direction, x @ W_0[:P] + b: W_0 (D, 2P, 4C),
-    b (D, 4C), inputs (D, ..., P) -> (D, ..., 4C)."""
+    """One layer's input half of the gates of each direction, x @ W_0[:P] + b: W_0 (D, 2P, 4C)
+    (or its input half W_x, (D, P, 4C)), b (D, 4C), inputs (D, ..., P) -> (D, ..., 4C)."""
     P = x_DNP.shape[-1]
     return einsum("d...p,dpg->d...g", x_DNP, W_0[:, :P], dtype) + jnp.expand_dims(b, range(1, x_DNP.ndim - 1))
+
+
+def split_input_weights(lstm_params: Params) -> Params:
+    """The LSTM params with each layer's W_0 (D, 2P, 4C) as its input half `W_x` (D, P, 4C) and
+    recurrent half `W_h` (D, P, 4C): for inference in loops of one layer (the layers schedule,
+    `lstm_stacks` with reset_BT), split once instead of at every call (XLA copies the slices of a
+    weight each time its program runs)."""
+    out = {}
+    for name, layer in lstm_params.items():
+        P = layer["W_0"].shape[1] // 2
+        rest = {k: v for k, v in layer.items() if k != "W_0"}
+        out[name] = {**rest, "W_x": layer["W_0"][:, :P], "W_h": layer["W_0"][:, P:]}
+    return out
 
 
 def _wave_forward(
@@ -158,15 +171,18 @@ def _wave_forward(
     matmul [input; h] @ W_0; one layer (L = 1) runs its input half for all T steps in one matmul
     before the loop, so that each step reads only the recurrent weights. Where `reset_BT` is
     True the state restarts from zero (another sentence in the row; inference only, without
-    residuals). `gates_DBTG`: one layer's `input_gates` of x, already computed."""
-    L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
+    residuals). `gates_DBTG`: one layer's `input_gates` of x, already computed. One layer's W_0
+    may come as its halves (W_x, W_h), each (1, D, P, 4C) (`split_input_weights`)."""
+    split = isinstance(W_0, tuple)
+    L, D, B, T, P = (W_0[1] if split else W_0).shape[0], *x_DBTP.shape
     S = T + L - 1
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
     if L == 1:
-        gates_x_1DBSG = (input_gates(W_0[0], b[0], x_DBSP, st.dtype) if gates_DBTG is None else gates_DBTG)[None]
+        W_x, W_h = W_0 if split else (W_0[:, :, :P], W_0[:, :, P:])
+        gates_x_1DBSG = (input_gates(W_x[0], b[0], x_DBSP, st.dtype) if gates_DBTG is None else gates_DBTG)[None]
     # The weights the loop reads (one layer: h's half), sliced and cast here, once: XLA would
     # slice and convert a loop-invariant weight again at every step.
-    W_loop = (W_0[:, :, P:] if L == 1 else W_0).astype(st.dtype)
+    W_loop = (W_h if L == 1 else W_0).astype(st.dtype)
     W_proj_loop = W_proj.astype(st.dtype)
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
     if reset_BT is not None:  # applied to the state a step leaves for the next (slot 0's: before the loop)
@@ -348,7 +364,8 @@ def lstm_stacks(
     state from zero where True, so that a row can hold several sentences back to back; it is
     for inference: with it, gradients come from JAX's own differentiation of the loop, not the
     hand-written one. `gates_2BTG` (2, B, T, 4C): layer 0's `input_gates` of x_2BTP, already
-    computed (gathered from a table of distinct tokens), for the layers schedule and with `reset_BT`.
+    computed (gathered from a table of distinct tokens), for the layers schedule and with `reset_BT`;
+    so are params whose W_0 is split (`split_input_weights`).
     """
     cfg = config.lstm
     st = _Stack(
@@ -363,12 +380,20 @@ def lstm_stacks(
         if schedule(config) == "wavefront"
         else [range(layer, layer + 1) for layer in range(cfg.n_layers)]
     )
-    if gates_2BTG is not None and (len(groups[0]) > 1 or reset_BT is None):
-        raise ValueError("precomputed input gates need layer 0 in a loop of its own (the layers schedule) and reset_BT")
+    split = "W_h" in params["layer_0"]
+    if (gates_2BTG is not None or split) and (len(groups[0]) > 1 or reset_BT is None):
+        raise ValueError(
+            "precomputed input gates and split weights need layers in loops of their own (the layers schedule) "
+            "and reset_BT"
+        )
     outputs, hs, cs, layer_in = [], [], [], x_2BTP
     for layers in groups:  # one time loop each
         first, L = layers[0], len(layers)
-        stacked = [jnp.stack([params[f"layer_{layer}"][name] for layer in layers]) for name in ("W_0", "B", "W_P_0")]
+        stacked = {
+            name: jnp.stack([params[f"layer_{layer}"][name] for layer in layers])
+            for name in (("W_x", "W_h") if split else ("W_0",)) + ("B", "W_P_0")
+        }
+        stacked = [(stacked["W_x"], stacked["W_h"]) if split else stacked["W_0"], stacked["B"], stacked["W_P_0"]]
         if keep_masks is not None:
             layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
         keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
