@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from elmo_jax import strict_json
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.settings import TrainSettings, rule
+from elmo_jax.settings import BOOL, POSITIVE, TrainSettings, count, rule
 
 ACTIVATIONS = ("relu", "tanh")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
@@ -86,7 +85,7 @@ class ModelConfig:
                 n_layers=read.count("lstm.n_layers", 1),
                 cell_clip=read.clip("lstm.cell_clip"),
                 proj_clip=read.clip("lstm.proj_clip"),
-                use_skip_connections=read.value("lstm.use_skip_connections", "true or false", _is_bool),
+                use_skip_connections=read.value("lstm.use_skip_connections", BOOL.allowed, BOOL.ok),
             ),
             char_cnn=CharCNNConfig(
                 embedding_dim=read.count("char_cnn.embedding.dim", 1),
@@ -161,25 +160,11 @@ def read_json(path: str | Path, what: str = "file", hint: str = "") -> Any:
         raise UserError(f"{path}: not valid JSON ({e}){hint}") from None
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_clip(value: Any) -> bool:
-    return value is None or (
-        isinstance(value, (int, float)) and not _is_bool(value) and math.isfinite(value) and value > 0
-    )
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
 def _is_filters(value: Any) -> bool:
     return (
         isinstance(value, (list, tuple))
         and len(value) > 0
-        and all(isinstance(f, (list, tuple)) and len(f) == 2 and all(_is_int(x, 1) for x in f) for f in value)
+        and all(isinstance(f, (list, tuple)) and len(f) == 2 and all(count(1).ok(x) for x in f) for f in value)
     )
 
 
@@ -200,7 +185,8 @@ class _Reader:
         return node
 
     def count(self, dotted: str, minimum: int) -> int:
-        return self.value(dotted, f"an integer >= {minimum}", lambda v: _is_int(v, minimum))
+        rule = count(minimum)
+        return self.value(dotted, rule.allowed, rule.ok)
 
     def clip(self, dotted: str) -> float | None:
         """A clip value: a positive number, or null (no clip) when absent."""
@@ -209,7 +195,7 @@ class _Reader:
             node = node.get(key, {}) if isinstance(node, dict) else {}
         if dotted.split(".")[-1] not in node:
             return None
-        return self.value(dotted, "a positive number or null", _is_clip)
+        return self.value(dotted, "a positive number or null", lambda v: v is None or POSITIVE.ok(v))
 
 
 def _n_characters(value: Any, source: str) -> int:

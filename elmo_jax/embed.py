@@ -147,8 +147,8 @@ class Embedder:
         self.batch_size, self.stateful, self.max_tokens = batch_size, stateful, max_tokens
         self.devices = LocalDevices(devices)
         params = {k: model.params[k] for k in ("token_encoder", "lstm")}
-        if schedule(self.config) == "layers":  # its windows read W_0's halves: split once, here
-            params["lstm"] = split_input_weights(params["lstm"])
+        if schedule(self.config) == "layers":  # its windows read W_0's halves: split once (numpy: no compile)
+            params["lstm"] = split_input_weights(jax.tree.map(np.asarray, params["lstm"]))
         self.params = self.devices.replicate(params)
         self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
         self.state = self._zero_state(self.devices.round_up(batch_size))
