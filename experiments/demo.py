@@ -1,6 +1,6 @@
 """A tiny biLM on the built-in demo corpus: 1.3 passes over its 200,000 training sentences
-(3,516 steps of 32 x 20), about 2-3 minutes on 2 CPU cores, to a held-out perplexity of about
-21.8 (the corpus's floor is 20.91).
+(3,516 steps of 32 x 20), a few minutes on a CPU (docs/PERFORMANCE.md, "make demo"), to a held-out
+perplexity near the corpus's floor of 20.91.
 
 The recipe is bilm-tf's (sampled softmax, Adagrad at 0.2 on the gradient of 20 x the loss, clip
 10, carried LSTM state) with two settings for a small model on a 2,600-word vocabulary: 1024

@@ -1,8 +1,7 @@
 """The published ELMo 'medium' size, trained with the original bilm-tf recipe on LM1B.
 
-Batch and dtype: 128 rows per device in float32, as the original size. Measured on one H200
-(2026-11-30, code before the layer wavefront; docs/PERFORMANCE.md) only at 256 rows per device:
-186,868 tokens/s, so 10 LM1B epochs take about 11.4 hours on 1 H200 at that batch.
+Batch and dtype: 128 rows per device in float32, as the original size. Its throughput and the
+paper's run time on N devices: docs/PERFORMANCE.md.
 """
 
 from elmo_jax.experiment import published_config
