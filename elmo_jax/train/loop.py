@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -21,6 +22,7 @@ from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
 from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
+from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.divergence import DivergenceCheck
@@ -64,13 +66,23 @@ def resolve_config(config: ml_collections.ConfigDict, parallel: DataParallel) ->
     return config
 
 
-def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Preemption) -> dict[str, float]:
-    parallel = data_parallel(config.train.devices)
-    config = resolve_config(config, parallel)
+class _Data(NamedTuple):
+    """What a run reads: its text, its vocabulary, the recipe for that vocabulary, its batches."""
+
+    corpus: Corpus
+    heldout: Corpus | None
+    vocab: Vocabulary
+    hp: TrainSettings
+    batcher: StreamBatcher
+    total_steps: int
+
+
+def _open_data(
+    config: ml_collections.ConfigDict, workdir: Workdir, parallel: DataParallel, model_config: ModelConfig
+) -> _Data:
+    """The corpora, the vocabulary (built or read; recorded in config.json with the config) and
+    the batcher, and the run's length in steps."""
     t = config.train
-    parallel.check_rows(t.eval_batch_size, "config.train.eval_batch_size")
-    model_config = experiment.model_config(config)
-    workdir.check_resume(config, model_config)
     train_corpus = open_corpus(config.data.train, "train")
     if len(train_corpus) == 0:
         raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
@@ -110,19 +122,43 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         jax.process_count(),
         total_steps,
     )
+    return _Data(train_corpus, heldout, vocab, hp, batcher, total_steps)
 
-    checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints, clean_up=True)
-    table_rows = softmax_table_rows(config, len(vocab))
-    abstract = abstract_train_state(model_config, hp, batch_size, table_rows, parallel, t.shard_softmax)
+
+def _start_state(
+    config: ml_collections.ConfigDict,
+    workdir: Workdir,
+    model_config: ModelConfig,
+    data: _Data,
+    checkpoints: Checkpoints,
+    parallel: DataParallel,
+) -> tuple[TrainState, int, TrainState]:
+    """The state to run from, the step it holds and its shardings: the newest good checkpoint's
+    (the batcher restored to where it was), else a fresh or fine-tuned one at step 0."""
+    batch_size, table_rows = data.batcher.batch_size, softmax_table_rows(config, len(data.vocab))
+    abstract = abstract_train_state(model_config, data.hp, batch_size, table_rows, parallel, config.train.shard_softmax)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     start = checkpoints.good_step(quarantine=True)
     if start is None:
-        state, start = _fresh_state(config, model_config, hp, vocab, batch_size, table_rows, shardings), 0
-    else:
-        workdir.check_vocab(checkpoints.softmax_table_rows(start), config, vocab)
-        state, data_state = checkpoints.restore(start, abstract, parallel.rows, batcher.positions_shape)
-        batcher.restore(data_state)
-        log.info("resumed from the checkpoint at step %d", start)
+        return _fresh_state(config, model_config, data.hp, data.vocab, batch_size, table_rows, shardings), 0, shardings
+    workdir.check_vocab(checkpoints.softmax_table_rows(start), config, data.vocab)
+    state, data_state = checkpoints.restore(start, abstract, parallel.rows, data.batcher.positions_shape)
+    data.batcher.restore(data_state)
+    log.info("resumed from the checkpoint at step %d", start)
+    return state, start, shardings
+
+
+def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Preemption) -> dict[str, float]:
+    parallel = data_parallel(config.train.devices)
+    config = resolve_config(config, parallel)
+    t = config.train
+    parallel.check_rows(t.eval_batch_size, "config.train.eval_batch_size")
+    model_config = experiment.model_config(config)
+    workdir.check_resume(config, model_config)
+    data = _open_data(config, workdir, parallel, model_config)
+    heldout, vocab, hp, total_steps = data.heldout, data.vocab, data.hp, data.total_steps
+    checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints, clean_up=True)
+    state, start, shardings = _start_state(config, workdir, model_config, data, checkpoints, parallel)
     if preemption.requested:
         log.info("stopped during start-up (%s): nothing run since step %d, exiting", preemption.requested, start)
         checkpoints.close()
@@ -138,7 +174,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
     window = TrainWindow(writer, total_steps, "sampled" if hp.sample_softmax else "full")
     divergence = DivergenceCheck(checkpoints, hp, t.divergence_factor)
     bar = ProgressBar(total_steps, done=start)
-    prefetch = Prefetcher(batcher, parallel.put_batch)
+    prefetch = Prefetcher(data.batcher, parallel.put_batch)
 
     def record(step: int, metrics: dict[str, jax.Array]) -> None:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -165,7 +201,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
                     pending = None
                 if step % t.log_every == 0:
                     loss, steps_in_window = window.mean_loss()
-                    window.log(step, epochs_done(data_state, len(train_corpus)))
+                    window.log(step, epochs_done(data_state, len(data.corpus)))
                     divergence.window(step, loss, steps_in_window)
                 if must_save:
                     divergence.state(step, state, *window.mean_loss())
