@@ -3,7 +3,8 @@ directions of a biLM in each time loop, its layers in one loop (wavefront) or on
 
 Layer params hold both directions stacked on axis 0 (0 forward, 1 backward), in bilm-tf's
 layout: `W_0` (2, 2P, 4C) with rows [input; h_prev] and gate blocks i, j, f, o; `B` (2, 4C)
-without the +1 forget bias; `W_P_0` (2, C, P).
+without the +1 forget bias; `W_P_0` (2, C, P). For inference in loops of one layer, W_0 may be
+split once into its input and recurrent halves `W_x`, `W_h` (`split_input_weights`).
 
 Two schedules of the layers, the same numbers (`ModelConfig.lstm_schedule`):
 
