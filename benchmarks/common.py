@@ -27,8 +27,7 @@ FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fi
 # The sizes a benchmark takes by --config: its experiment, and the vocabulary size of the data it
 # stands for (cpu_peer: the comparison with bilm-tf's code; the published sizes: LM1B's).
 EXPERIMENTS = {"cpu_peer": cpu_peer, "small": elmo_small, "medium": elmo_medium, "original": elmo_original}
-VOCAB_SIZES = {"cpu_peer": 5_000, "small": TrainSettings.n_tokens_vocab}
-VOCAB_SIZES["medium"] = VOCAB_SIZES["original"] = VOCAB_SIZES["small"]
+VOCAB_SIZES = {"cpu_peer": 5_000, **dict.fromkeys(("small", "medium", "original"), TrainSettings.n_tokens_vocab)}
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from elmo_jax import strict_json
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.settings import BOOL, POSITIVE, TrainSettings, count, rule
+from elmo_jax.settings import BOOL, POSITIVE, Rule, TrainSettings, count, one_of, rule
 
 ACTIVATIONS = ("relu", "tanh")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
@@ -76,24 +76,25 @@ class ModelConfig:
         raw ids, no padding row) is read as the 262-row layout, whose row 0 is the zero padding
         row and rows 1..261 are its rows."""
         read = _Reader(options, source)
-        pairs = "a non-empty list of [width, count] pairs of integers >= 1"
-        filters = read.value("char_cnn.filters", pairs, _is_filters)
+        filters = read.value("char_cnn.filters", FILTERS)
         config = cls(
             lstm=LSTMConfig(
-                dim=read.count("lstm.dim", 1),
-                projection_dim=read.count("lstm.projection_dim", 1),
-                n_layers=read.count("lstm.n_layers", 1),
+                dim=read.value("lstm.dim", count(1)),
+                projection_dim=read.value("lstm.projection_dim", count(1)),
+                n_layers=read.value("lstm.n_layers", count(1)),
                 cell_clip=read.clip("lstm.cell_clip"),
                 proj_clip=read.clip("lstm.proj_clip"),
-                use_skip_connections=read.value("lstm.use_skip_connections", BOOL.allowed, BOOL.ok),
+                use_skip_connections=read.value("lstm.use_skip_connections", BOOL),
             ),
             char_cnn=CharCNNConfig(
-                embedding_dim=read.count("char_cnn.embedding.dim", 1),
+                embedding_dim=read.value("char_cnn.embedding.dim", count(1)),
                 filters=tuple((w, n) for w, n in filters),
-                n_highway=read.count("char_cnn.n_highway", 0),
-                n_characters=_n_characters(read.value("char_cnn.n_characters", "present", lambda v: True), source),
-                max_characters_per_token=read.count("char_cnn.max_characters_per_token", 1),
-                activation=read.value("char_cnn.activation", f"one of {ACTIVATIONS}", lambda v: v in ACTIVATIONS),
+                n_highway=read.value("char_cnn.n_highway", count(0)),
+                n_characters=_n_characters(
+                    read.value("char_cnn.n_characters", Rule(lambda v: True, "present")), source
+                ),
+                max_characters_per_token=read.value("char_cnn.max_characters_per_token", count(1)),
+                activation=read.value("char_cnn.activation", one_of(ACTIVATIONS)),
             ),
         )
         config.validate(source)
@@ -168,25 +169,25 @@ def _is_filters(value: Any) -> bool:
     )
 
 
+FILTERS = Rule(_is_filters, "a non-empty list of [width, count] pairs of integers >= 1")
+CLIP = Rule(lambda v: v is None or POSITIVE.ok(v), "a positive number or null")
+
+
 class _Reader:
     """Fields of an options dict by dotted name, each checked; errors name the source and field."""
 
     def __init__(self, options: Any, source: str):
         self.options, self.source = options, source
 
-    def value(self, dotted: str, allowed: str, ok) -> Any:
+    def value(self, dotted: str, rule: Rule) -> Any:
         node = self.options
         for key in dotted.split("."):
             if not isinstance(node, dict) or key not in node:
                 raise UserError(f"{self.source}: missing field {dotted}")
             node = node[key]
-        if not ok(node):
-            raise UserError(f"{self.source}: {dotted} is {json.dumps(node, default=repr)}; it must be {allowed}")
+        if not rule.ok(node):
+            raise UserError(f"{self.source}: {dotted} is {json.dumps(node, default=repr)}; it must be {rule.allowed}")
         return node
-
-    def count(self, dotted: str, minimum: int) -> int:
-        rule = count(minimum)
-        return self.value(dotted, rule.allowed, rule.ok)
 
     def clip(self, dotted: str) -> float | None:
         """A clip value: a positive number, or null (no clip) when absent."""
@@ -195,7 +196,7 @@ class _Reader:
             node = node.get(key, {}) if isinstance(node, dict) else {}
         if dotted.split(".")[-1] not in node:
             return None
-        return self.value(dotted, "a positive number or null", lambda v: v is None or POSITIVE.ok(v))
+        return self.value(dotted, CLIP)
 
 
 def _n_characters(value: Any, source: str) -> int:

@@ -394,6 +394,15 @@ def _select(layers: np.ndarray, mode: str) -> np.ndarray:
     return layers.mean(axis=0)
 
 
+def check_shard(shard_index: int, num_shards: int) -> None:
+    """A share of the lines (`embed_file`'s `shard`): 0 <= shard_index < num_shards."""
+    if not 0 <= shard_index < num_shards:
+        raise UserError(
+            f"shard_index={shard_index} num_shards={num_shards}: need 0 <= shard_index < num_shards",
+            ("shard_index", "num_shards"),
+        )
+
+
 def embed_file(
     model: Model,
     input_path: str | Path,
@@ -424,8 +433,7 @@ def embed_file(
     for name, value in limits.items():
         if value < 1:
             raise UserError(f"{name}={value}: must be a positive integer", (name,))
-    if not 0 <= shard[0] < shard[1]:
-        raise UserError(f"shard={shard}: (index, count) needs 0 <= index < count")
+    check_shard(*shard)
     input_path = Path(input_path)
     if not input_path.is_file():
         raise MissingFile(f"input file not found: {input_path}")

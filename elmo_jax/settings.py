@@ -149,36 +149,39 @@ class DataSettings:
 SECTIONS = {"train": TrainSettings, "data": DataSettings}
 
 
+def declared(section: type) -> list[dataclasses.Field]:
+    """The settings of a section (TrainSettings or DataSettings), in declaration order: its
+    fields with a Rule (not the data-decided n_tokens_vocab)."""
+    return [f for f in dataclasses.fields(section) if "rule" in f.metadata]
+
+
 def names(section: type) -> list[str]:
-    """The settings of a section (TrainSettings or DataSettings), in declaration order."""
-    return [f.name for f in dataclasses.fields(section) if "rule" in f.metadata]
+    return [f.name for f in declared(section)]
 
 
 def rule(section: type, name: str) -> Rule:
-    return next(f.metadata["rule"] for f in dataclasses.fields(section) if f.name == name)
+    return next(f.metadata["rule"] for f in declared(section) if f.name == name)
 
 
 def defaults(section: type) -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(section) if "rule" in f.metadata}
+    return {f.name: f.default for f in declared(section)}
 
 
 def check(name: str, values: Mapping[str, Any]) -> None:
     """Every setting of section `name` ("train" or "data") in `values` within its Rule: raises
     UserError naming the key, the value and what it may be."""
-    for field in dataclasses.fields(SECTIONS[name]):
-        if "rule" in field.metadata:
-            rule, value = field.metadata["rule"], values.get(field.name)
-            if not rule.ok(value):
-                raise UserError(f"config.{name}.{field.name}={value!r}: must be {rule.allowed}")
+    for field in declared(SECTIONS[name]):
+        allowed, value = field.metadata["rule"], values.get(field.name)
+        if not allowed.ok(value):
+            raise UserError(f"config.{name}.{field.name}={value!r}: must be {allowed.allowed}")
 
 
 def help_lines(width: int) -> list[str]:
     """`  train.learning_rate=0.2  Adagrad's learning rate` for every setting, wrapped to `width`."""
     lines = []
     for name, section in SECTIONS.items():
-        for field in dataclasses.fields(section):
-            if "rule" in field.metadata:
-                key = f"{name}.{field.name}={json.dumps(field.default)}"
-                text = textwrap.wrap(field.metadata["help"], width - 40)
-                lines += [f"  {key:36s}  {text[0]}"] + [" " * 40 + t for t in text[1:]]
+        for field in declared(section):
+            key = f"{name}.{field.name}={json.dumps(field.default)}"
+            text = textwrap.wrap(field.metadata["help"], width - 40)
+            lines += [f"  {key:36s}  {text[0]}"] + [" " * 40 + t for t in text[1:]]
     return lines

@@ -76,5 +76,5 @@ def test_shards_of_the_lines_together_are_the_whole_file(model, tmp_path):
                     np.testing.assert_allclose(part[str(k)][...], whole[str(k)][...], atol=1e-6)
                 seen.update(json.loads(part["sentence_to_index"][0]))
         assert seen == json.loads(whole["sentence_to_index"][0])
-    with pytest.raises(UserError, match=r"shard=\(3, 3\): \(index, count\) needs 0 <= index < count"):
+    with pytest.raises(UserError, match="shard_index=3 num_shards=3: need 0 <= shard_index < num_shards"):
         embed_file(model, src, tmp_path / "bad.h5", shard=(3, 3))

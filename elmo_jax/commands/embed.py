@@ -8,20 +8,16 @@ from absl.flags import FlagValues
 
 from elmo_jax.commands.command import Command, usage_line
 from elmo_jax.commands.model_flags import model_source
-from elmo_jax.errors import UserError
 
 log = logging.getLogger("elmo_jax")
 
 
 def main(flags: FlagValues) -> None:
-    from elmo_jax.embed import embed_file
+    from elmo_jax.embed import check_shard, embed_file
     from elmo_jax.model_io import load_model
     from elmo_jax.outputs import check_output
 
-    if not 0 <= flags.shard_index < flags.num_shards:
-        raise UserError(
-            f"--shard_index={flags.shard_index} --num_shards={flags.num_shards}: need 0 <= shard_index < num_shards"
-        )
+    check_shard(flags.shard_index, flags.num_shards)  # before loading the model
     source, options, weights = model_source(flags, "workdir", usage_line("embed", COMMAND))
     inputs = (flags.input, flags.workdir, options, weights)
     check_output(flags.output, flags.overwrite, inputs)  # before loading the model

@@ -343,6 +343,11 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
 _wavefront.defvjp(_wavefront_fwd, _wavefront_bwd)
 
 
+def _stacked(layers: list[Params], name: str) -> jax.Array:
+    """One param of several layers, stacked on a new axis 0."""
+    return jnp.stack([layer[name] for layer in layers])
+
+
 def lstm_stacks(
     params: Params,
     x_2BTP: jax.Array,
@@ -390,11 +395,9 @@ def lstm_stacks(
     outputs, hs, cs, layer_in = [], [], [], x_2BTP
     for layers in groups:  # one time loop each
         first, L = layers[0], len(layers)
-        stacked = {
-            name: jnp.stack([params[f"layer_{layer}"][name] for layer in layers])
-            for name in (("W_x", "W_h") if split else ("W_0",)) + ("B", "W_P_0")
-        }
-        stacked = [(stacked["W_x"], stacked["W_h"]) if split else stacked["W_0"], stacked["B"], stacked["W_P_0"]]
+        each = [params[f"layer_{layer}"] for layer in layers]
+        W_0 = (_stacked(each, "W_x"), _stacked(each, "W_h")) if split else _stacked(each, "W_0")
+        stacked = [W_0, _stacked(each, "B"), _stacked(each, "W_P_0")]
         if keep_masks is not None:
             layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
         keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
