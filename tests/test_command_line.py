@@ -122,3 +122,30 @@ def test_the_wheel_holds_the_package_and_the_experiments(tmp_path):
     assert experiments <= names and "elmo_jax/experiments/demo.py" in experiments
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "elmo-jax = elmo_jax.__main__:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+EXITING = """
+import atexit, sys, threading, time, types
+from elmo_jax.commands.process import run_command
+out = sys.argv[1]
+
+def main(flags):
+    atexit.register(lambda: open(out + ".atexit", "w").close())
+    if sys.argv[2] == "thread":  # still working when the command returns: joined, not cut off
+        threading.Thread(target=lambda: (time.sleep(0.5), open(out + ".thread", "w").close())).start()
+    print("a line without its end", end="")
+
+flags = types.SimpleNamespace(compile_cache=False, coordinator=None, num_processes=None, process_id=None, verbose=False)
+run_command("probe", main, flags)
+"""
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("thread", ["none", "thread"])
+def test_a_finished_command_exits_0_with_its_output_and_exit_handlers(tmp_path, thread):
+    """A command's end skips the interpreter's teardown (process.py); what it writes, its atexit
+    handlers and a thread still running must not be lost to that."""
+    out = tmp_path / "probe"
+    done = subprocess.run([sys.executable, "-c", EXITING, str(out), thread], capture_output=True, text=True, cwd=ROOT)
+    assert (done.returncode, done.stdout) == (0, "a line without its end"), done.stderr[-2000:]
+    assert (out.with_suffix(".atexit")).exists() and (out.with_suffix(".thread")).exists() == (thread == "thread")

@@ -3,9 +3,11 @@ cache, the multi-process start-up, and errors reported as one line with their ex
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +38,21 @@ def run_command(name: str, main: Callable[[FlagValues], None], flags: FlagValues
     except KeyboardInterrupt:
         print(f"{prog()} {name}: interrupted", file=sys.stderr)
         sys.exit(130)
+    _exit_without_teardown()
+
+
+def _exit_without_teardown() -> None:
+    """A finished command ends as the interpreter would (the atexit handlers run: logs, event
+    files, JAX's shutdown), then skips the teardown of every module and object that would
+    follow: about 0.3 s of every command's exit, spent freeing what the process is about to give
+    back anyway. Where a thread other than daemons is still running, the interpreter exits as
+    usual (it joins the thread first)."""
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _start_processes(flags: FlagValues) -> None:
