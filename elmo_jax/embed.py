@@ -16,8 +16,9 @@ input half of the gates is context-free too: computed once per distinct word
 position (a fifth of the LSTMs' matmul work at the published sizes); there the windows read
 W_0's input and recurrent halves, split once (`split_input_weights`). Stateless, the sentences
 are packed back to back into the rows of each round (`pack_rounds`), the state restarting at
-each one, so that almost no position is padding. Exact: the same layers as `bilm_layers` on
-the full char ids.
+each one, so that almost no position is padding, and each stream leaves out the boundary whose
+output nothing reads (forward `</S>`, backward `<S>`; stateful, the state after it carries on,
+so it stays). Exact: the same layers as `bilm_layers` on the full char ids.
 
 Rows are split over this process's devices (`devices`: all by default), params replicated;
 each device runs its own rows, so the vectors are those of one device.
@@ -180,7 +181,8 @@ class Embedder:
         table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
         ends = np.cumsum([len(r) for r in cache_rows])
         positions = np.split(inverse.astype(np.int32), ends[:-1])
-        rounds = pack_rounds([len(p) for p in positions], self.batch_size, self.max_tokens, self.stateful)
+        lengths = [len(p) - (not self.stateful) for p in positions]  # a stream's positions (`padded_streams`)
+        rounds = pack_rounds(lengths, self.batch_size, self.max_tokens, self.stateful)
 
         with concurrent.futures.ThreadPoolExecutor(1) as compiler:  # the LSTM programs, while the words are encoded
             done = {rows for rows, table_rows in self.compiled if table_rows == len(table)}
@@ -265,7 +267,7 @@ class Embedder:
         state carried from window to window and restarted at each sentence a row holds after its
         first."""
         ids_2BT, mask_BT, reset_BT, slots = padded_streams(
-            [[positions[i] for i in lane] for lane in lanes], self._rows(len(lanes))
+            [[positions[i] for i in lane] for lane in lanes], self._rows(len(lanes)), self.stateful
         )
         state = self.state if self.stateful else self._zero_state(mask_BT.shape[0])
         run, windows = _jitted_lstm_window(self.config), []
@@ -317,20 +319,24 @@ def pack_rounds(lengths: list[int], batch_size: int, max_tokens: int, stateful: 
     return rounds
 
 
-def padded_streams(lanes: list[list[np.ndarray]], rows: int) -> tuple[np.ndarray, ...]:
-    """The table rows of the sentences of each row, back to back -> the forward stream and the
-    backward one (each sentence reversed in place) (2, rows, T), the mask and where the state
-    restarts (rows, T), T = length_bucket of the longest row, and each sentence's (row, first
-    position), in the lanes' order."""
-    T = length_bucket(max(sum(len(p) for p in lane) for lane in lanes))
+def padded_streams(lanes: list[list[np.ndarray]], rows: int, whole: bool) -> tuple[np.ndarray, ...]:
+    """The table rows of the sentences of each row (with their boundaries), back to back -> the
+    forward stream and the backward one (each sentence reversed in place) (2, rows, T), the mask
+    and where the state restarts (rows, T), T = length_bucket of the longest row, and each
+    sentence's (row, first position), in the lanes' order. Unless `whole`, a sentence's forward
+    stream stops before its `</S>` and its backward stream before its `<S>`: no output of the
+    sentence depends on them."""
+    cut = 0 if whole else 1
+    T = length_bucket(max(sum(len(p) - cut for p in lane) for lane in lanes))
     ids = np.zeros((2, rows, T), np.int32)
     mask, reset = np.zeros((rows, T), bool), np.zeros((rows, T), bool)
     slots = []
     for row, lane in enumerate(lanes):
         start = 0
         for p in lane:
-            end = start + len(p)
-            ids[0, row, start:end], ids[1, row, start:end], mask[row, start:end] = p, p[::-1], True
+            end = start + len(p) - cut
+            ids[0, row, start:end], ids[1, row, start:end] = p[: len(p) - cut], p[::-1][: len(p) - cut]
+            mask[row, start:end] = True
             reset[row, start] = start > 0
             slots.append((row, start))
             start = end
