@@ -186,7 +186,7 @@ class Embedder:
 
         with concurrent.futures.ThreadPoolExecutor(1) as compiler:  # the LSTM programs, while the words are encoded
             done = {rows for rows, table_rows in self.compiled if table_rows == len(table)}
-            if not done and self._uses_gates(len(table)):  # a new table size
+            if not done and uses_gates(self.config, len(table)):  # a new table size
                 compiler.submit(self._compile_gates, len(table))
             for rows in {self._rows(len(lanes)) for lanes in rounds} - done:
                 compiler.submit(self._compile_lstm, rows, table.shape)
@@ -198,16 +198,10 @@ class Embedder:
         for lanes in rounds:
             yield [i for lane in lanes for i in lane], self._run(lanes, positions, table, on_device)
 
-    def _uses_gates(self, table_rows: int) -> bool:
-        """Whether the LSTMs gather layer 0's input gates from a table of the words' (see the
-        module's docstring)."""
-        table_bytes = 2 * table_rows * 4 * self.config.lstm.dim * 4
-        return schedule(self.config) == "layers" and table_bytes <= MAX_GATE_TABLE_BYTES
-
     def _gates(self, table: np.ndarray) -> jax.Array | None:
         """The words' `token_input_gates` (2, U, 4C), replicated (each device computes its share
         of the words'), or None where they are computed at each position."""
-        if not self._uses_gates(len(table)):
+        if not uses_gates(self.config, len(table)):
             return None
         gates = _jitted_token_gates(self.config)(self.params["lstm"], jax.device_put(table, self.devices.sharded_on(0)))
         return jax.device_put(gates, self.devices.replicated)
@@ -219,33 +213,12 @@ class Embedder:
 
     def _compile_gates(self, table_rows: int) -> None:
         """Compiles `_gates`'s program for a table of `table_rows` (on the side, as `_compile_lstm`)."""
-        table = jax.ShapeDtypeStruct(
-            (table_rows, self.config.lstm.projection_dim), np.float32, sharding=self.devices.sharded_on(0)
-        )
-        _jitted_token_gates(self.config).lower(self._lstm_params_shape(), table).compile()
-
-    def _lstm_params_shape(self):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params["lstm"])
+        lower_token_gates(self.config, self.devices, self.params["lstm"], table_rows).compile()
 
     def _compile_lstm(self, rows: int, table_shape: tuple[int, int]) -> None:
         """Compiles the LSTM window program for rounds of `rows` (run on the side: `_run`'s
         calls then find it compiled)."""
-        state = jax.eval_shape(lambda: LSTMState.zeros(self.config, rows))
-        shaped = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
-        args = (
-            self._lstm_params_shape(),
-            jax.ShapeDtypeStruct(table_shape, np.float32, sharding=self.devices.replicated),
-            jax.ShapeDtypeStruct(
-                (2, table_shape[0], 4 * self.config.lstm.dim), np.float32, sharding=self.devices.replicated
-            )
-            if self._uses_gates(table_shape[0])
-            else None,
-            jax.ShapeDtypeStruct((2, rows, WINDOW), np.int32, sharding=self.devices.sharded_on(1)),
-            jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=self.devices.sharded_on(0)),
-            jax.tree.map(lambda x: shaped(x, self.devices.sharded_on(2)), state),
-            jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=self.devices.sharded_on(0)),
-        )
-        _jitted_lstm_window(self.config).lower(*args).compile()
+        lower_lstm_window(self.config, self.devices, self.params["lstm"], rows, table_shape[0]).compile()
         self.compiled.add((rows, table_shape[0]))
 
     def _zero_state(self, rows: int) -> LSTMState:
@@ -283,6 +256,50 @@ class Embedder:
         lstm_L2BTP = np.concatenate([np.asarray(w) for w in windows], axis=3)
         sentences = [positions[i] for lane in lanes for i in lane]
         return [_sentence_layers(table, lstm_L2BTP, row, start, p) for (row, start), p in zip(slots, sentences)]
+
+
+def uses_gates(config: ModelConfig, table_rows: int) -> bool:
+    """Whether the LSTMs gather layer 0's input gates from a table of the words' (see the
+    module's docstring)."""
+    table_bytes = 2 * table_rows * 4 * config.lstm.dim * 4
+    return schedule(config) == "layers" and table_bytes <= MAX_GATE_TABLE_BYTES
+
+
+def _shaped(tree, sharding):
+    """Arrays (or shapes) -> ShapeDtypeStructs laid out by `sharding`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def lower_token_encoder(config: ModelConfig, devices: LocalDevices, encoder_params, rows: int, columns: int):
+    """`encode_words`'s program for pieces of `rows` words of `columns` characters, lowered from
+    shapes (`encoder_params`: the token encoder's or their shapes, replicated on `devices`)."""
+    chars = jax.ShapeDtypeStruct((rows, columns), np.int32, sharding=devices.sharded_on(0))
+    return _jitted_token_encoder(config).lower(_shaped(encoder_params, devices.replicated), chars)
+
+
+def lower_token_gates(config: ModelConfig, devices: LocalDevices, lstm_params, table_rows: int):
+    """`token_input_gates`'s program for a word table of `table_rows`, lowered from shapes."""
+    table = jax.ShapeDtypeStruct((table_rows, config.lstm.projection_dim), np.float32, sharding=devices.sharded_on(0))
+    return _jitted_token_gates(config).lower(_shaped(lstm_params, devices.replicated), table)
+
+
+def lower_lstm_window(config: ModelConfig, devices: LocalDevices, lstm_params, rows: int, table_rows: int):
+    """The LSTM window program (WINDOW steps of every layer, both directions) for rounds of
+    `rows` split over `devices` and a word table of `table_rows`, lowered from shapes
+    (`lstm_params`: or their shapes, replicated on `devices`, split as the Embedder splits
+    them)."""
+    state = jax.eval_shape(lambda: LSTMState.zeros(config, rows))
+    gates = (2, table_rows, 4 * config.lstm.dim) if uses_gates(config, table_rows) else None
+    by_row = devices.sharded_on(0)
+    return _jitted_lstm_window(config).lower(
+        _shaped(lstm_params, devices.replicated),
+        jax.ShapeDtypeStruct((table_rows, config.lstm.projection_dim), np.float32, sharding=devices.replicated),
+        gates and jax.ShapeDtypeStruct(gates, np.float32, sharding=devices.replicated),
+        jax.ShapeDtypeStruct((2, rows, WINDOW), np.int32, sharding=devices.sharded_on(1)),
+        jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=by_row),
+        _shaped(state, devices.sharded_on(2)),
+        jax.ShapeDtypeStruct((rows, WINDOW), np.bool_, sharding=by_row),
+    )
 
 
 def pack_rounds(lengths: list[int], batch_size: int, max_tokens: int, stateful: bool) -> list[list[list[int]]]:

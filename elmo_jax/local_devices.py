@@ -13,10 +13,11 @@ AXIS = "rows"
 
 
 class LocalDevices:
-    """The first `devices` local devices (None: all of them)."""
+    """The first `devices` local devices (None: all of them), or of `among` (the abstract
+    devices of a target that `elmo_jax.plan` compiles for)."""
 
-    def __init__(self, devices: int | None = None):
-        available = jax.local_devices()
+    def __init__(self, devices: int | None = None, among: list | None = None):
+        available = jax.local_devices() if among is None else among
         n = len(available) if devices is None else devices
         if not 0 < n <= len(available):
             raise UserError(f"devices={devices}: this process sees {len(available)} device(s)")

@@ -25,14 +25,18 @@ def _plugin_missing() -> str | None:
     return None
 
 
-def _plan_demo(folder, devices: int) -> tuple[dict, str]:
-    """The demo's step in bfloat16, 32 rows on each of `devices` H200s: the plan's JSON and the
-    program."""
+def _need_plugin() -> None:
     missing = _plugin_missing()
     if missing:
         if os.environ.get("ELMO_JAX_REQUIRE_PLAN") == "1":
             pytest.fail(missing)
         pytest.skip(missing)
+
+
+def _plan_demo(folder, devices: int) -> tuple[dict, str]:
+    """The demo's step in bfloat16, 32 rows on each of `devices` H200s: the plan's JSON and the
+    program."""
+    _need_plugin()
     program = folder / "step.hlo"
     args = ["plan", "--config=demo", "--target=h200", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
     args += [f"--hlo={program}", "--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
@@ -50,6 +54,7 @@ def planned(tmp_path_factory):
 # The demo's sizes (experiments/demo.py): 2 layers, 2 directions, cell 128, projection 64.
 L, D, C, P, B, T = 2, 2, 128, 64, 32, 20
 FILTERS = 4
+CHAR_DIM, WIDTHS, CHARS = 8, [(1, 16), (2, 16), (3, 32), (4, 32)], 50  # char embedding, (width, filters), columns
 
 
 @pytest.mark.slow
@@ -185,3 +190,24 @@ def test_largest_batch_is_bracketed_by_compiled_sizes():
     assert len(known) <= 8
     assert largest_batch(lambda rows: capacity + 1, capacity, {}) == 0
     assert largest_batch(lambda rows: 1, capacity, {}, limit=1024) == 1024
+
+
+@pytest.mark.launches
+def test_plan_of_embedding_counts_every_matmul_of_its_programs():
+    """`plan --mode=embed`: the LSTM window runs WINDOW + L - 1 diagonals of every layer and
+    direction over the batch's rows; the token encoder convolves 2048 words of 50 characters and
+    runs the highway layer and the projection on each."""
+    _need_plugin()
+    result = run_cli(["plan", "--config=demo", "--target=h200", "--mode=embed", "--batch_size=24", "--devices=2"])
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    window, encoder = plan["programs"]["LSTM window"], plan["programs"]["token encoder"]
+    rows = 12  # per device: 24 rows over 2 devices
+    assert (plan["rows"], plan["window"], plan["lstm_schedule"]) == (24, 8, "wavefront")
+    assert window["flops"] == 2 * rows * (8 + L - 1) * L * D * (2 * P * 4 * C + C * P)
+    F = sum(n for _, n in WIDTHS)
+    conv = sum((CHARS - w + 1) * w * CHAR_DIM * n for w, n in WIDTHS)
+    assert encoder["flops"] == 2 * 1024 * (conv + F * 2 * F + F * P)
+    assert plan["positions_per_s"] == pytest.approx(24 * 8 / window["seconds"])
+    assert plan["words_per_s"] == pytest.approx(2048 / encoder["seconds"])
+    assert 0 < window["memory"]["argument"] and "estimated:" in result.stdout

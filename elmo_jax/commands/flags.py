@@ -26,8 +26,8 @@ flags.DEFINE_string(
 flags.DEFINE_integer("min_count", 1, "Keep words seen at least this many times (3 gives LM1B's 793,471 lines).")
 flags.DEFINE_integer("max_sentences", 0, "Evaluate only the first N sentences, for a quick estimate (0 = all).")
 flags.DEFINE_integer(
-    "batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed: sentences "
-    "per batch (default 64)."
+    "batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed, plan "
+    "--mode=embed: sentences per batch (default 64)."
 )  # fmt: skip
 flags.DEFINE_string(
     "model", None, "A published model by name (small, medium, original, original_5.5b) or the URL of its "
@@ -49,8 +49,13 @@ flags.DEFINE_integer(
     "the number of devices of the target (default 1)."
 )  # fmt: skip
 flags.DEFINE_enum("target", "h200", list(TARGETS), "The accelerator to compile for (without having one).")
+flags.DEFINE_enum("mode", "train", ["train", "embed"], "plan: the train step, or the programs that embed text.")
 flags.DEFINE_integer("vocab_size", 793_471, "Words in the softmax table (default: LM1B's, bilm-tf's vocabulary).")
-flags.DEFINE_bool("fit", True, "Also find the largest per-device batch that fits the target's memory (compiles more).")
+flags.DEFINE_bool(
+    "fit",
+    True,
+    "plan: also find the largest per-device batch that fits the target's memory (compiles more; train mode).",
+)
 flags.DEFINE_string("hlo", None, "Also write the compiled program's text to this file.")
 flags.DEFINE_integer(
     "num_shards", 1, "Embed only every line i with i % num_shards == shard_index (one process per host)."

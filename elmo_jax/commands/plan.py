@@ -14,11 +14,19 @@ def main(flags: FlagValues) -> None:
     from elmo_jax.plan.program import quiet_accelerator_plugins
 
     quiet_accelerator_plugins()
-    from elmo_jax.plan.program import compile_train_step, largest_batch
-    from elmo_jax.plan.report import describe, estimate
+    from elmo_jax.plan.program import compile_embed, compile_train_step, largest_batch
+    from elmo_jax.plan.report import describe, describe_embed, estimate, estimate_embed
     from elmo_jax.plan.targets import target as find_target
 
     target, devices = find_target(flags.target), flags.devices or 1
+    if flags.mode == "embed":
+        programs = compile_embed(flags.config, target, devices, flags.batch_size or 64)
+        if flags.hlo:
+            Path(flags.hlo).write_text("\n\n".join(text for text, _ in programs.programs.values()))
+        result = estimate_embed(programs, target)
+        print("\n".join(describe_embed(result, target)))
+        print(strict_json.dumps(result))
+        return
     rows = flags.config.train.per_device_batch_size
 
     def compile_at(batch: int):
@@ -40,9 +48,11 @@ def main(flags: FlagValues) -> None:
 
 COMMAND = Command(
     main,
-    "The train step compiled for an accelerator without one: kernels, memory, the largest batch that fits, "
-    "estimated tokens/s and the paper's run in hours (needs elmo_jax[plan]).",
-    "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--config.SECTION.KEY=VALUE ...]",
-    ("config", "target", "devices", "vocab_size", "fit", "hlo"),
+    "The train step (or with --mode=embed the embedding programs) compiled for an accelerator without one: "
+    "kernels, memory, the largest batch that fits, estimated tokens/s and the paper's run in hours (needs "
+    "elmo_jax[plan]).",
+    "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--mode=embed [--batch_size=N]] "
+    "[--config.SECTION.KEY=VALUE ...]",
+    ("config", "target", "devices", "mode", "batch_size", "vocab_size", "fit", "hlo"),
     ("config",),
 )

@@ -140,3 +140,62 @@ def largest_batch(
         else:
             fails = guess
     return fits
+
+
+@dataclasses.dataclass
+class CompiledEmbed:
+    """The programs `Embedder` runs, compiled for a target: the token encoder on a piece of
+    words, layer 0's gate table (the layers schedule only), and the LSTM window."""
+
+    programs: dict[str, tuple[str, dict[str, int]]]  # name -> (the compiled text, its memory)
+    rows: int  # sentence rows per LSTM window call, over all devices
+    words: int  # words per token encoder call, over all devices
+    columns: int  # characters of each of those words
+    table_rows: int  # distinct words in the table the LSTMs gather from
+    devices: int
+    lstm_schedule: str
+    compile_s: float
+
+
+EMBED_TABLE_ROWS = 1 << 15  # distinct words of a chunk of embed_file's lines (changes only memory)
+
+
+def compile_embed(config: ml_collections.ConfigDict, target: Target, devices: int, batch_size: int) -> CompiledEmbed:
+    """The embedding programs of the experiment's model for `devices` of the target: rounds of
+    `batch_size` sentence rows, pieces of ENCODER_CHUNK words of the most characters a word
+    has (the widest a piece can be)."""
+    import jax
+
+    from elmo_jax.embed import (
+        ENCODER_CHUNK,
+        lower_lstm_window,
+        lower_token_encoder,
+        lower_token_gates,
+        uses_gates,
+    )
+    from elmo_jax.experiment import model_config
+    from elmo_jax.local_devices import LocalDevices
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.bilm import init_params
+    from elmo_jax.model.lstm import schedule, split_input_weights
+
+    on = LocalDevices(devices, among=abstract_devices(target, devices))
+    with tracing_for("gpu" if target.platform == "cuda" else "tpu"):
+        model = model_config(config)
+        params = jax.eval_shape(lambda: init_params(jax.random.key(0), model, None))
+        encoder, lstm = params["token_encoder"], params["lstm"]
+        if schedule(model) == "layers":  # as the Embedder splits them
+            lstm = jax.eval_shape(split_input_weights, lstm)
+        rows, words = on.round_up(batch_size), on.round_up(ENCODER_CHUNK)
+        columns = model.char_cnn.max_characters_per_token
+        lowered = {
+            "token encoder": lower_token_encoder(model, on, encoder, words, columns),
+            "LSTM window": lower_lstm_window(model, on, lstm, rows, EMBED_TABLE_ROWS),
+        }
+        if uses_gates(model, EMBED_TABLE_ROWS):
+            lowered["gate table"] = lower_token_gates(model, on, lstm, EMBED_TABLE_ROWS)
+        start = time.perf_counter()
+        compiled = {name: program.compile() for name, program in lowered.items()}
+        seconds = time.perf_counter() - start
+        programs = {name: (c.as_text(), memory_of(c)) for name, c in compiled.items()}
+        return CompiledEmbed(programs, rows, words, columns, EMBED_TABLE_ROWS, devices, schedule(model), seconds)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from elmo_jax.plan import hlo
 from elmo_jax.plan.kernels import Program, summarize, top
-from elmo_jax.plan.program import CompiledStep
+from elmo_jax.plan.program import CompiledEmbed, CompiledStep
 from elmo_jax.plan.targets import Target
 
 PAPER_TOKENS = 7.69e9  # 10 passes over LM1B's 768,648,884 training tokens
+NEW_WORDS_PER_TOKEN = (
+    0.2  # distinct words per token of a chunk of text to embed (21% in benchmarks/speed/allennlp_embed.py's)
+)
 
 
 def wire_bytes(kind: str, result_bytes: float, n: int) -> float:
@@ -119,3 +122,74 @@ def describe(result: dict, target: Target) -> list[str]:
 def _scope(source: str) -> str:
     """A loop's JAX op, shortened to the scope it ran in: ".../lstm/while" -> "lstm"."""
     return source.split("/")[-2] if "/" in source else source
+
+
+def estimate_embed(compiled: CompiledEmbed, target: Target) -> dict:
+    """What `plan --mode=embed` reports, as one JSON-able dict: each program's kernels, memory
+    and time floor per call (as `estimate`'s), the LSTM positions and distinct words per second
+    they give (a word: the token encoder, and in the layers schedule its row of the gate table),
+    and the tokens per second of a text with NEW_WORDS_PER_TOKEN."""
+    from elmo_jax.embed import WINDOW
+
+    programs = {}
+    for name, (text, memory) in compiled.programs.items():
+        kernels = Program(text).kernels()
+        totals = summarize(kernels, target)["total"]
+        programs[name] = {
+            "kernels": totals["kernels"],
+            "flops": totals["flops"],
+            "hbm_bytes": totals["bytes"],
+            "seconds": totals["seconds"],
+            "memory": memory,
+            "top_kernels": top(kernels, target, 5),
+        }
+    positions = compiled.rows * WINDOW / programs["LSTM window"]["seconds"]
+    gates = programs["gate table"]["seconds"] / compiled.table_rows if "gate table" in programs else 0.0
+    words = 1 / (programs["token encoder"]["seconds"] / compiled.words + gates)
+    return {
+        "mode": "embed",
+        "target": target.name,
+        "devices": compiled.devices,
+        "rows": compiled.rows,
+        "window": WINDOW,
+        "words": compiled.words,
+        "columns": compiled.columns,
+        "table_rows": compiled.table_rows,
+        "lstm_schedule": compiled.lstm_schedule,
+        "compile_s": round(compiled.compile_s, 1),
+        "programs": programs,
+        "positions_per_s": positions,
+        "words_per_s": words,
+        "new_words_per_token": NEW_WORDS_PER_TOKEN,
+        "tokens_per_s": 1 / (1 / positions + NEW_WORDS_PER_TOKEN / words),
+    }
+
+
+def describe_embed(result: dict, target: Target) -> list[str]:
+    """The lines printed above `plan --mode=embed`'s JSON."""
+    r, GB = result, 1e9
+    lines = [
+        f"{target.description} x {r['devices']}: embedding, {r['rows']} sentence rows x {r['window']} steps per LSTM "
+        f"call, {r['words']} words of {r['columns']} characters per token encoder call, {r['lstm_schedule']} LSTM "
+        f"schedule (compiled in {r['compile_s']:.0f} s, without the device)",
+        "per call (kernels, TFLOP, GB of HBM traffic, estimated ms, device memory GB: arguments + temporaries):",
+    ]
+    for name, p in r["programs"].items():
+        m = p["memory"]
+        lines.append(
+            f"  {name:14s} {p['kernels']:6,d} {p['flops'] / 1e12:8.3f} {p['hbm_bytes'] / GB:8.3f} "
+            f"{p['seconds'] * 1e3:8.3f} {(m['argument'] + m['temp']) / GB:8.2f}"
+        )
+    lines += [
+        f"estimated: {r['positions_per_s']:,.0f} positions/s through the LSTMs, {r['words_per_s']:,.0f} words/s "
+        f"through the token encoder; {r['tokens_per_s']:,.0f} tokens/s for a text with {r['new_words_per_token']:g} "
+        "distinct words per token",
+        "top kernels (runs, estimated ms, GFLOP and MB per run, dtype, program, JAX op):",
+    ]
+    for name, p in r["programs"].items():
+        for t in p["top_kernels"]:
+            lines.append(
+                f"  {t['runs']:4d} {t['seconds'] * 1e3:7.3f} {t['flops'] / 1e9:8.2f} {t['bytes'] / 1e6:9.1f} "
+                f"{t['dtype'] or '-':5s} {name:14s} {t['source'][-60:] or t['name']}"
+            )
+    return lines
