@@ -12,7 +12,7 @@ import pytest
 from cli import run_cli
 
 from elmo_jax.plan import hlo
-from elmo_jax.plan.kernels import Program
+from elmo_jax.plan.kernels import Program, bitonic_passes
 from elmo_jax.plan.program import largest_batch
 from elmo_jax.plan.report import wire_bytes
 
@@ -162,6 +162,39 @@ def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
     (kernel,) = Program(ASYNC_SLICE).kernels()
     assert kernel.opcode == "fusion-start" and kernel.runs == 1
     assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
+
+
+SORT = """
+%compare (a: f32[], b: f32[], i: s32[], j: s32[]) -> pred[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  %i = s32[] parameter(2)
+  %j = s32[] parameter(3)
+  ROOT %gt = pred[] compare(%a, %b), direction=GT
+}
+
+%fused_sort (p0: f32[793471], p1: s32[793471]) -> (f32[793471], s32[793471]) {
+  %p0 = f32[793471]{0} parameter(0)
+  %p1 = s32[793471]{0} parameter(1)
+  ROOT %sort = (f32[793471]{0}, s32[793471]{0}) sort(%p0, %p1), dimensions={0}, to_apply=%compare
+}
+
+ENTRY %main (x: f32[793471], i: s32[793471]) -> (f32[793471], s32[793471]) {
+  %x = f32[793471]{0} parameter(0)
+  %i = s32[793471]{0} parameter(1)
+  ROOT %sorted = (f32[793471]{0}, s32[793471]{0}) fusion(%x, %i), kind=kInput, calls=%fused_sort
+}
+"""
+
+
+def test_a_sort_is_a_kernel_per_pass_of_xlas_bitonic_sort():
+    """XLA's GPU sort of 793,471 (the sampler's top_k before model/top_k.py): 2^20 elements in 20
+    stages; the masks of the first 12 stages (tiles of 4,096) in one kernel, then in each stage
+    i = 12..19 its i - 11 masks of 4,096 or more one kernel each and its smaller ones one more."""
+    assert bitonic_passes(793_471) == 1 + sum(i - 10 for i in range(12, 20)) == 45
+    assert [bitonic_passes(n) for n in (1, 4096, 4097, 8192, 8193)] == [1, 1, 3, 3, 6]
+    (kernel,) = Program(SORT).kernels()
+    assert kernel.runs == 45 and kernel.bytes == 2 * 793_471 * 8  # each pass reads and writes both arrays
 
 
 def test_a_reduce_scatter_and_an_all_gather_send_what_an_all_reduce_sends():

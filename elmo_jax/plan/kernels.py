@@ -47,7 +47,7 @@ class Kernel:
     name: str
     opcode: str
     part: str  # "LSTM loops", "lstm", "token_encoder", ..., "collectives", "other"
-    runs: int  # per run of the program: the product of the trip counts around it
+    runs: int  # per run of the program: the product of the trip counts around it (a sort: times its passes)
     flops: float  # per run of the kernel
     bytes: float  # read and written in device memory, per run of the kernel
     dtype: str  # operand dtype of its matmuls ("" when it has none)
@@ -58,6 +58,19 @@ class Kernel:
         the target's memory bandwidth, plus one launch."""
         compute = self.flops / target.peak(self.dtype) if self.flops else 0.0
         return max(compute, self.bytes / target.hbm_bytes_per_s) + target.launch_s
+
+
+SORT_TILE = 4096  # elements XLA's GPU sort merges in shared memory: 1024 threads x 4 (its sort emitter)
+
+
+def bitonic_passes(n: int, tile: int = SORT_TILE) -> int:
+    """Kernels of XLA's GPU sort of n elements, each a pass over the operands in device memory:
+    a bitonic sort of 2^s >= n elements in s stages, stage i merging blocks of 2^(i + 1) with the
+    xor masks 2^(i + 1) - 1, 2^(i - 1), ..., 1; every mask of at least `tile` is a kernel of its
+    own, the smaller ones of a stage (of all the first stages, while they fit) run together in
+    one kernel on tiles in shared memory."""
+    stages, tiled = max(1, (n - 1).bit_length()), tile.bit_length() - 1
+    return 1 + sum(i - tiled + 2 for i in range(tiled, stages))
 
 
 def type_bytes(text: str) -> int:
@@ -175,7 +188,18 @@ class Program:
         else:
             scopes = re.findall(r"[\w]+", source)
             part = next((p for p in PARTS if p in scopes), "other")
+        runs *= self._sort_passes(inst)
         return Kernel(inst.name, inst.opcode, part, runs, flops, self._bytes(inst), dtype, source)
+
+    def _sort_passes(self, inst: Instruction) -> int:
+        """Kernels a sort takes (`bitonic_passes` of its length), 1 for any other instruction."""
+        sort = inst if inst.opcode == "sort" else None
+        for callee in inst.called("calls") if inst.opcode == "fusion" else []:
+            sort = next((i for i in self.computations.get(callee, []) if i.opcode == "sort"), sort)
+        if sort is None:
+            return 1
+        dimension = int(re.search(r"dimensions=\{(\d+)\}", sort.attrs).group(1))
+        return bitonic_passes(_dims(self.type(sort.operands[0]))[dimension])
 
     def _source(self, inst: Instruction) -> str:
         """The JAX op a kernel came from: its own, or the first one named inside a fusion."""
