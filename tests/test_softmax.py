@@ -80,3 +80,24 @@ def test_sampler_draws_distinct_ids_following_the_log_uniform_law():
             n += 1
         direct.append(n)
     assert abs(tries.mean() - np.mean(direct)) < 0.05 * np.mean(direct)
+
+
+def test_top_k_without_a_full_sort_equals_lax_top_k():
+    """The accelerators' selection (model/top_k.py, traced for a GPU here) returns lax.top_k's
+    indices: largest first, equal values by lower index, negatives and ties included."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.top_k import top_k_indices
+
+    rng = np.random.default_rng(4)
+    log_p = log_uniform_log_probs(20_000)
+    vectors = {
+        "sampler": log_p + jax.random.gumbel(jax.random.key(1), log_p.shape),
+        "ties": jnp.asarray(rng.integers(-40, 40, size=5000), jnp.float32) / 4,
+        "negative": -jnp.abs(jnp.asarray(rng.normal(size=3000), jnp.float32)),
+    }
+    for name, x in vectors.items():
+        for k in (1, 257, x.shape[0]):
+            with tracing_for("gpu"):  # a new function: traced here, not taken from a CPU trace
+                selected = jax.jit(lambda v: top_k_indices(v, k))(x)  # noqa: B023
+                assert "top_k" not in str(jax.make_jaxpr(lambda v: top_k_indices(v, k))(x))  # noqa: B023
+            np.testing.assert_array_equal(selected, jax.lax.top_k(x, k)[1], err_msg=f"{name}, k={k}")

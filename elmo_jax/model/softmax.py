@@ -3,7 +3,8 @@
 
 The sampler reproduces TF's `log_uniform_candidate_sampler(unique=True)`: drawing with
 replacement until S distinct ids are held gives the same distinct ids, in the same order, as
-successive sampling without replacement, which `top_k(log P + Gumbel)` draws in one shot; the
+successive sampling without replacement, which `top_k(log P + Gumbel)` draws in one shot (on
+accelerators without sorting the vocabulary: model/top_k.py); the
 number of draws TF would have needed (`num_tries`) is S plus a geometric number of repeats
 between consecutive new ids, drawn here exactly. The log-Q correction is then TF's
 expected count -expm1(num_tries * log1p(-P(k))).
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.model.matmul import matmul
+from elmo_jax.model.top_k import top_k_indices
 
 
 def log_uniform_log_probs(vocab_size: int) -> jax.Array:
@@ -40,7 +42,7 @@ class Candidates(NamedTuple):
 def sample_candidates(rng: jax.Array, log_p: jax.Array, num_sampled: int) -> Candidates:
     """Draws `num_sampled` distinct ids from the log-uniform law as TF's unique sampler does."""
     k_gumbel, k_tries = jax.random.split(rng)
-    _, ids = jax.lax.top_k(log_p + jax.random.gumbel(k_gumbel, log_p.shape), num_sampled)
+    ids = top_k_indices(log_p + jax.random.gumbel(k_gumbel, log_p.shape), num_sampled)
     # After j distinct ids of total mass m_j, repeats before the next new id ~ Geometric(1 - m_j).
     mass = jnp.cumsum(jnp.exp(log_p[ids]))[:-1]
     u = jax.random.uniform(k_tries, mass.shape, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
