@@ -16,6 +16,23 @@ from elmo_jax.train.step import _loss, init_train_state, make_train_step, softma
 TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
 
 
+def test_softmax_rows_hold_each_directions_sampled_ids_and_targets():
+    """The step's softmax rows: distinct, ascending, padded with the table's row count, and
+    `candidates` / `targets` index each direction's own sampled ids and targets among them."""
+    from elmo_jax.model.softmax import log_uniform_log_probs, sample_candidates
+
+    hp = TrainSettings(n_tokens_vocab=500, n_negative_samples_batch=64)
+    targets_2N = jnp.asarray(np.random.default_rng(0).integers(500, size=(2, 40)), jnp.int32)
+    used = softmax_rows(jax.random.key(5), targets_2N, hp, 512)
+    rows = np.asarray(used.rows)
+    real = rows[rows < 512]
+    assert (np.diff(real) > 0).all() and (rows[len(real) :] == 512).all()
+    np.testing.assert_array_equal(rows[np.asarray(used.targets)], targets_2N)
+    for d in range(2):
+        sampled = sample_candidates(jax.random.fold_in(jax.random.key(5), d), log_uniform_log_probs(500), 64)
+        np.testing.assert_array_equal(rows[np.asarray(used.candidates[d])], sampled.ids)
+
+
 @pytest.fixture(scope="module")
 def demo():
     train, heldout = DemoCorpus("train", size=20_000), DemoCorpus("heldout")

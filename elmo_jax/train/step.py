@@ -111,12 +111,12 @@ def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainSettings, table
     cands = [sample_candidates(jax.random.fold_in(rng, d), log_p, hp.n_negative_samples_batch) for d in range(2)]
     ids_2S = jnp.stack([c.ids for c in cands])
     used = jnp.concatenate([ids_2S.reshape(-1), targets_2N.reshape(-1)])
-    rows = jnp.unique(used, size=used.size, fill_value=table_rows)
+    rows, where = jnp.unique(used, return_inverse=True, size=used.size, fill_value=table_rows)
     return SoftmaxRows(
         rows=rows,
-        candidates=jnp.searchsorted(rows, ids_2S),
+        candidates=where[: ids_2S.size].reshape(ids_2S.shape),
         log_q_candidates=jnp.stack([c.log_expected_count(c.ids, log_p) for c in cands]),
-        targets=jnp.searchsorted(rows, targets_2N),
+        targets=where[ids_2S.size :].reshape(targets_2N.shape),
         log_q_targets=jnp.stack([c.log_expected_count(targets_2N[d], log_p) for d, c in enumerate(cands)]),
     )
 
