@@ -212,6 +212,9 @@ def _wave_forward(
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
             z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_loop, st.dtype) + b[:, :, None]
         acts = scale * jnp.tanh(slope * z + offset) + shift
+        if residuals:  # saved first and read back: the pass that computes them writes them there once
+            buffers = (buffers[0], _put_slot(buffers[1], s, acts), *buffers[2:])
+            acts = _at_slot(buffers[1], s)
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         c_raw = sf * c + si * tj
         c_new = _clip(c_raw, st.clips.cell)
@@ -219,8 +222,8 @@ def _wave_forward(
         h_new = _clip(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
-        saved = (h_raw, acts, c_raw, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
-        buffers = tuple(_put_slot(buf, s, v) for buf, v in zip(buffers, saved))
+        saved = (h_raw, None, c_raw, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
+        buffers = tuple(buf if v is None else _put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
