@@ -8,6 +8,7 @@ from absl.flags import FlagValues
 
 from elmo_jax import strict_json
 from elmo_jax.commands.command import Command
+from elmo_jax.errors import UserError
 
 
 def main(flags: FlagValues) -> None:
@@ -19,6 +20,12 @@ def main(flags: FlagValues) -> None:
     from elmo_jax.plan.targets import target as find_target
 
     target, devices = find_target(flags.target), flags.devices or 1
+    if not target.programs_read:
+        raise UserError(
+            f"target={target.name}: plan reads GPU programs only so far (h200, h100, a100); a TPU's compiles "
+            "with libtpu, but its loops, memory and matmuls are not read yet, and a wrong estimate is worse than none",
+            ("target",),
+        )
     if flags.mode == "embed":
         programs = compile_embed(flags.config, target, devices, flags.batch_size or 64)
         if flags.hlo:
@@ -51,7 +58,7 @@ COMMAND = Command(
     "The train step (or with --mode=embed the embedding programs) compiled for an accelerator without one: "
     "kernels, memory, the largest batch that fits, estimated tokens/s and the paper's run in hours (needs "
     "elmo_jax[plan]).",
-    "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--mode=embed [--batch_size=N]] "
+    "--config=NAME|FILE --target=h200|h100|a100 [--devices=N] [--mode=embed [--batch_size=N]] "
     "[--config.SECTION.KEY=VALUE ...]",
     ("config", "target", "devices", "mode", "batch_size", "vocab_size", "fit", "hlo"),
     ("config",),

@@ -59,8 +59,7 @@ def abstract_devices(target: Target, devices: int) -> list:
         return list(topologies.get_topology_desc(**target.topology(devices)).devices)
     except (NotImplementedError, RuntimeError, ValueError) as e:
         raise UserError(
-            f"target={target.name}: JAX cannot compile for {target.platform} on this machine ({e}); {INSTALL}"
-            + (", and libtpu for TPUs" if target.platform == "tpu" else ""),
+            f"target={target.name}: JAX cannot compile for {target.platform} on this machine ({e}); {INSTALL}",
             ("target",),
         ) from None
 
