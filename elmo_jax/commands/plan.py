@@ -15,8 +15,6 @@ def main(flags: FlagValues) -> None:
     from elmo_jax.plan.program import quiet_accelerator_plugins
 
     quiet_accelerator_plugins()
-    from elmo_jax.plan.program import compile_embed, compile_train_step, largest_batch
-    from elmo_jax.plan.report import describe, describe_embed, estimate, estimate_embed
     from elmo_jax.plan.targets import target as find_target
 
     target, devices = find_target(flags.target), flags.devices or 1
@@ -26,22 +24,34 @@ def main(flags: FlagValues) -> None:
             "with libtpu, but its loops, memory and matmuls are not read yet, and a wrong estimate is worse than none",
             ("target",),
         )
-    if flags.mode == "embed":
-        programs = compile_embed(flags.config, target, devices, flags.batch_size or 64)
-        if flags.hlo:
-            Path(flags.hlo).write_text("\n\n".join(text for text, _ in programs.programs.values()))
-        result = estimate_embed(programs, target)
-        print("\n".join(describe_embed(result, target)))
-        print(strict_json.dumps(result))
-        return
+    lines, result, program = (_embedding if flags.mode == "embed" else _train_step)(flags, target, devices)
+    if flags.hlo:
+        Path(flags.hlo).write_text(program)
+    print("\n".join(lines))
+    print(strict_json.dumps(result))
+
+
+def _embedding(flags: FlagValues, target, devices: int) -> tuple[list[str], dict, str]:
+    """The embedding programs' plan: its lines, its JSON, the programs' text."""
+    from elmo_jax.plan.program import compile_embed
+    from elmo_jax.plan.report import describe_embed, estimate_embed
+
+    programs = compile_embed(flags.config, target, devices, flags.batch_size or 64)
+    result = estimate_embed(programs, target)
+    return describe_embed(result, target), result, "\n\n".join(text for text, _ in programs.programs.values())
+
+
+def _train_step(flags: FlagValues, target, devices: int) -> tuple[list[str], dict, str]:
+    """The train step's plan (and with --fit the largest batch): its lines, its JSON, the program."""
+    from elmo_jax.plan.program import compile_train_step, largest_batch
+    from elmo_jax.plan.report import describe, estimate
+
     rows = flags.config.train.per_device_batch_size
 
     def compile_at(batch: int):
         return compile_train_step(flags.config, target, devices, batch, flags.vocab_size)
 
     step = compile_at(rows)
-    if flags.hlo:
-        Path(flags.hlo).write_text(step.hlo)
     result = estimate(step, target)
     if flags.fit:
         known = {rows: step.needs_bytes}
@@ -49,8 +59,7 @@ def main(flags: FlagValues) -> None:
             lambda b: compile_at(b).needs_bytes, result["memory"]["capacity"], known
         )
         result["batches_compiled"] = {b: known[b] for b in sorted(known)}
-    print("\n".join(describe(result, target)))
-    print(strict_json.dumps(result))
+    return describe(result, target), result, step.hlo
 
 
 COMMAND = Command(

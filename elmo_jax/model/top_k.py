@@ -15,6 +15,8 @@ from elmo_jax.model.backend import backend
 def top_k_indices(x: jax.Array, k: int) -> jax.Array:
     """Indices (k,) int32 of the k largest of x (n,) float32, largest first, equal values by
     lower index: `lax.top_k(x, k)[1]`, which the CPU keeps (it selects without a full sort)."""
+    if not 0 < k <= x.shape[0]:
+        raise ValueError(f"top {k} of {x.shape[0]} values")
     if backend() == "cpu":
         return jax.lax.top_k(x, k)[1]
     keys = _ordered_keys(x)

@@ -10,9 +10,8 @@ from elmo_jax.plan.program import CompiledEmbed, CompiledStep
 from elmo_jax.plan.targets import Target
 
 PAPER_TOKENS = 7.69e9  # 10 passes over LM1B's 768,648,884 training tokens
-NEW_WORDS_PER_TOKEN = (
-    0.2  # distinct words per token of a chunk of text to embed (21% in benchmarks/speed/allennlp_embed.py's)
-)
+# Distinct words per token of a chunk of text to embed (21% in benchmarks/speed/allennlp_embed.py's).
+NEW_WORDS_PER_TOKEN = 0.2
 
 
 def wire_bytes(kind: str, result_bytes: float, n: int) -> float:
