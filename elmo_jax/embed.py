@@ -181,7 +181,7 @@ class Embedder:
         table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
         ends = np.cumsum([len(r) for r in cache_rows])
         positions = np.split(inverse.astype(np.int32), ends[:-1])
-        lengths = [len(p) - (not self.stateful) for p in positions]  # a stream's positions (`padded_streams`)
+        lengths = [stream_length(len(p), self.stateful) for p in positions]
         rounds = pack_rounds(lengths, self.batch_size, self.max_tokens, self.stateful)
 
         with concurrent.futures.ThreadPoolExecutor(1) as compiler:  # the LSTM programs, while the words are encoded
@@ -336,23 +336,29 @@ def pack_rounds(lengths: list[int], batch_size: int, max_tokens: int, stateful: 
     return rounds
 
 
+def stream_length(positions: int, whole: bool) -> int:
+    """A sentence's positions (with its boundaries) in each of its streams: all of them if
+    `whole` (stateful: the state after the last carries on), else all but the boundary whose
+    output nothing reads (forward `</S>`, backward `<S>`)."""
+    return positions if whole else positions - 1
+
+
 def padded_streams(lanes: list[list[np.ndarray]], rows: int, whole: bool) -> tuple[np.ndarray, ...]:
     """The table rows of the sentences of each row (with their boundaries), back to back -> the
     forward stream and the backward one (each sentence reversed in place) (2, rows, T), the mask
     and where the state restarts (rows, T), T = length_bucket of the longest row, and each
     sentence's (row, first position), in the lanes' order. Unless `whole`, a sentence's forward
-    stream stops before its `</S>` and its backward stream before its `<S>`: no output of the
-    sentence depends on them."""
-    cut = 0 if whole else 1
-    T = length_bucket(max(sum(len(p) - cut for p in lane) for lane in lanes))
+    stream stops before its `</S>` and its backward stream before its `<S>` (`stream_length`)."""
+    T = length_bucket(max(sum(stream_length(len(p), whole) for p in lane) for lane in lanes))
     ids = np.zeros((2, rows, T), np.int32)
     mask, reset = np.zeros((rows, T), bool), np.zeros((rows, T), bool)
     slots = []
     for row, lane in enumerate(lanes):
         start = 0
         for p in lane:
-            end = start + len(p) - cut
-            ids[0, row, start:end], ids[1, row, start:end] = p[: len(p) - cut], p[::-1][: len(p) - cut]
+            n = stream_length(len(p), whole)
+            end = start + n
+            ids[0, row, start:end], ids[1, row, start:end] = p[:n], p[::-1][:n]
             mask[row, start:end] = True
             reset[row, start] = start > 0
             slots.append((row, start))

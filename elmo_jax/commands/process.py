@@ -50,9 +50,15 @@ def _exit_without_teardown() -> None:
     if any(not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
         return
     atexit._run_exitfuncs()
+    _exit_now(0)
+
+
+def _exit_now(status: int) -> None:
+    """Ends the process with `status` once its output is flushed, without the interpreter's
+    teardown."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def _start_processes(flags: FlagValues) -> None:
@@ -89,6 +95,4 @@ def _report(name: str, error: BaseException, status: int, verbose: bool) -> None
         raise error
     message = as_flags(error) if isinstance(error, UserError) else str(error)
     print(f"{prog()} {name}: {message}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # no interpreter teardown: a failed save's threads would print their own tracebacks
+    _exit_now(status)  # no atexit handlers either: a failed save's threads would print their own tracebacks
