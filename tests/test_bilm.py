@@ -98,25 +98,49 @@ def test_dropping_padding_columns_keeps_every_token_vector():
     )
 
 
-def _conv_bf16(x, w):
-    return jax.lax.conv_general_dilated(x, w, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+def _conv_then_max(x, w):
+    """Autodiff's char CNN filter: lax's convolution, then jnp.max over positions."""
+    y = jax.lax.conv_general_dilated(x, w.astype(x.dtype), (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+    return jnp.max(y, axis=1).astype(jnp.float32)
 
 
-def test_bfloat16_filter_gradients_are_float32_sums():
-    """A bfloat16 convolution's result is bfloat16 on CPU and GPU; its filter gradient is still
-    the float32 sum over every word and position (what the devices then sum is float32), not
-    rounded to bfloat16 as autodiff's would be. Its input gradient is autodiff's."""
-    from elmo_jax.model.token_encoder import _conv
+def test_char_filter_gradients_split_ties_and_sum_in_float32():
+    """A char CNN filter (`_conv_max`: one matmul per position's characters, then the max,
+    differentiated by hand). Small integers make every convolution value exact in bfloat16
+    too, so ties are exact: padding-only windows tie for the max. Its gradient splits each max's
+    among the tied positions as TF's (and autodiff's) does: in float32 value and gradients
+    are autodiff's. In bfloat16 its filter gradient is still the float32 sum over every word and
+    position (what the devices then sum is float32), not rounded to bfloat16 as autodiff's is."""
+    from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(0)
-    x, w = jnp.asarray(rng.normal(size=(64, 50, 16)), jnp.bfloat16), jnp.asarray(rng.normal(size=(3, 16, 8)))
-    y, vjp = jax.vjp(lambda x, w: _conv(x, w, "bfloat16"), x, w)
-    g = jnp.asarray(rng.normal(size=y.shape), jnp.bfloat16)
+    x64 = rng.integers(-2, 3, size=(64, 30, 16)).astype(np.float64)
+    x64[:, 18:] = 1.0  # padding: every window after 18 - 3 + 1 holds the same characters
+    w64 = rng.integers(-2, 3, size=(3, 16, 8)).astype(np.float64)
+    g = jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)
+    y64 = np.stack([np.einsum("nwd,dc->nwc", x64[:, k : k + 28], w64[k]) for k in range(3)]).sum(0)
+    hit = y64 == y64.max(axis=1, keepdims=True)
+    assert (hit.sum(axis=1) > 1).mean() > 0.05  # some maxima tie
+
+    x, w = jnp.asarray(x64, jnp.float32), jnp.asarray(w64, jnp.float32)
+    pooled, (dx, dw) = (lambda out: (out[0], out[1](g)))(jax.vjp(lambda x, w: _conv_max(x, w, "float32"), x, w))
+    pooled_ad, (dx_ad, dw_ad) = (lambda out: (out[0], out[1](g)))(jax.vjp(_conv_then_max, x, w))
+    np.testing.assert_array_equal(pooled, y64.max(axis=1))
+    np.testing.assert_allclose(dx, dx_ad, atol=1e-6 * np.abs(dx_ad).max())
+    np.testing.assert_allclose(dw, dw_ad, atol=1e-6 * np.abs(dw_ad).max())
+
+    xb = jnp.asarray(x64, jnp.bfloat16)
+    pooled, vjp = jax.vjp(lambda x, w: _conv_max(x, w, "bfloat16"), xb, w)
     dx, dw = vjp(g)
-    x64, g64 = np.asarray(x, np.float64), np.asarray(g, np.float64)
-    exact = np.stack([np.einsum("btd,bto->do", x64[:, k : k + y.shape[1]], g64) for k in range(3)])
-    dx_autodiff, dw_autodiff = jax.vjp(_conv_bf16, x, w.astype(jnp.bfloat16))[1](g)
-    assert y.dtype == jnp.bfloat16 and dw.dtype == jnp.float32 and dw_autodiff.dtype == jnp.bfloat16
-    error, rounded_error = (np.abs(np.asarray(d, np.float64) - exact).max() for d in (dw, dw_autodiff))
+    share = np.asarray(jnp.asarray(np.asarray(g) / hit.sum(axis=1), jnp.bfloat16), np.float64)
+    d_y = np.where(hit, share[:, None], 0.0)
+    exact = np.stack([np.einsum("nwd,nwc->dc", x64[:, k : k + 28], d_y) for k in range(3)])
+    dw_ad = jax.vjp(_conv_then_max, xb, w.astype(jnp.bfloat16))[1](g)[1]
+    assert pooled.dtype == dw.dtype == jnp.float32 and dw_ad.dtype == jnp.bfloat16 and dx.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(pooled, y64.max(axis=1))
+    error, rounded_error = (np.abs(np.asarray(d, np.float64) - exact).max() for d in (dw, dw_ad))
     assert error < 1e-6 * np.abs(exact).max() and rounded_error > 30 * error
-    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(dx_autodiff, np.float32))
+    dx_exact = sum(np.pad(np.einsum("nwc,dc->nwd", d_y, w64[k]), ((0, 0), (k, 2 - k), (0, 0))) for k in range(3))
+    np.testing.assert_allclose(
+        np.asarray(dx, np.float64), dx_exact, atol=2**-7 * np.abs(dx_exact).max()
+    )  # rounded to bfloat16

@@ -105,15 +105,18 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
 
 
 @pytest.mark.slow
-def test_bfloat16_convolutions_run_in_bfloat16(planned):
-    """cuDNN has no bfloat16 -> float32 convolution: asked for one, XLA widens the operands to
-    float32. The char CNN's convolutions and their input gradients take bfloat16 operands; the
-    filter gradients alone run in float32, so that their sums are float32."""
+def test_the_char_cnn_runs_as_bfloat16_matmuls(planned):
+    """The char CNN's convolutions are matmuls of each position's characters: no cuDNN
+    convolution (cuDNN has none with bfloat16 operands and float32 results; asked for one, XLA
+    widened the operands to float32). Its filter gradients take bfloat16 operands and give
+    float32 results, so that their sums are float32."""
     _, text = planned
-    convs = [k for k in Program(text).kernels() if k.opcode == "custom-call" and "conv" in k.name]
-    forward = [k for k in convs if "bw-filter" not in k.name]
-    assert len(forward) >= FILTERS and len(convs) - len(forward) == FILTERS
-    assert {k.dtype for k in forward} == {"bf16"} and {k.dtype for k in convs if k not in forward} == {"f32"}
+    program = Program(text)
+    kernels = program.kernels()
+    assert not [k for k in kernels if k.opcode == "custom-call" and "conv" in k.name]
+    filter_gradients = [k for k in kernels if "nwk,nwc->kc" in k.source and k.flops]  # not split-K sums
+    assert len(filter_gradients) == FILTERS and {k.dtype for k in filter_gradients} == {"bf16"}
+    assert all(program.defs[k.name].type.startswith("f32[") for k in filter_gradients)
 
 
 @pytest.mark.launches

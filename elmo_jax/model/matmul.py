@@ -3,9 +3,6 @@ bfloat16 operands run on the accelerators' fast units; everything around them st
 
 XLA on CPU has no bfloat16 x bfloat16 -> float32 dot: there the product is computed in
 bfloat16 (XLA accumulates it in float32 internally) and rounded to bfloat16 before widening.
-Convolutions give float32 results from bfloat16 operands only on TPUs: cuDNN has no such
-convolution, so XLA on GPUs would widen the operands to float32 (a TF32 kernel on twice the
-bytes); there, as on CPU, a convolution's result is rounded to bfloat16 before widening.
 """
 
 from __future__ import annotations
@@ -19,11 +16,6 @@ from elmo_jax.model.backend import backend
 def result_type(dtype: str):
     """The preferred_element_type of a dot or convolution with `dtype` operands."""
     return jnp.float32 if dtype == "float32" or backend() != "cpu" else None
-
-
-def conv_result_type(dtype: str):
-    """The preferred_element_type of a convolution with `dtype` operands."""
-    return jnp.float32 if dtype == "float32" or backend() == "tpu" else None
 
 
 def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:

@@ -14,7 +14,8 @@ import numpy as np
 
 from elmo_jax.config import N_CHARACTERS, ModelConfig
 from elmo_jax.model import Params
-from elmo_jax.model.matmul import conv_result_type, matmul
+from elmo_jax.model.backend import backend
+from elmo_jax.model.matmul import matmul
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
@@ -43,40 +44,70 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
     return params
 
 
-def _conv_in(x_NCD: jax.Array, w_wDn: jax.Array, dtype: str) -> jax.Array:
-    """VALID 1-D convolution (N, C, D) x (w, D, n) -> (N, C - w + 1, n) of `dtype` operands."""
-    return jax.lax.conv_general_dilated(
-        x_NCD.astype(dtype),
-        w_wDn.astype(dtype),
-        window_strides=(1,),
-        padding="VALID",
-        dimension_numbers=("NWC", "WIO", "NWC"),
-        preferred_element_type=conv_result_type(dtype),
-    )
+def _windows(x_NCD: jax.Array, width: int) -> jax.Array:
+    """(N, C, D) -> (N, C - width + 1, width * D): the characters each position of a VALID
+    convolution of `width` reads, side by side (small: D is the char embedding's 16)."""
+    W = x_NCD.shape[1] - width + 1
+    return jnp.concatenate([x_NCD[:, k : k + W] for k in range(width)], axis=-1)
+
+
+def _wide(dtype: str) -> str:
+    """The operand dtype of a product whose float32 result must not be rounded: `dtype` where
+    a dtype x dtype -> float32 product exists (accelerators), else float32 (XLA on CPU)."""
+    return dtype if backend() != "cpu" else "float32"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _conv(x_NCD: jax.Array, w_wDn: jax.Array, dtype: str) -> jax.Array:
-    """`_conv_in` in `dtype`, whose filter gradient is computed and returned in float32: its
-    sum over the words (and over devices, when the words are split) is never rounded to a
-    narrower compute dtype (a bfloat16 convolution's result is bfloat16 on CPU and GPU)."""
-    return _conv_in(x_NCD, w_wDn, dtype)
+def _conv_max(x_NCD: jax.Array, w_wDn: jax.Array, dtype: str) -> jax.Array:
+    """Max over positions of the VALID 1-D convolution (N, C, D) x (w, D, n) -> (N, n) float32,
+    as one matmul of each position's characters by the filter in `dtype`, its result (N, W, n)
+    in `dtype`: the max of rounded values is the rounded max, at half the bytes of float32.
+
+    Differentiated by hand as TF's max (the gradient split evenly among the positions that tie
+    for the max, counted in the max's own pass): the gradient at every position is built once,
+    in `dtype`, where autodiff wrote a tie mask, float32 and `dtype` copies and counted the ties
+    again. The filter gradient is the float32 sum over every word and position (and over
+    devices, where the words are split), never rounded to a narrower compute dtype."""
+    return _conv_max_forward(x_NCD, w_wDn, dtype)[0]
 
 
-def _conv_forward(x_NCD, w_wDn, dtype):
-    return _conv_in(x_NCD, w_wDn, dtype), (x_NCD, w_wDn)
+def _conv_max_forward(x_NCD, w_wDn, dtype):
+    width, D, n = w_wDn.shape
+    windows_NWK = _windows(x_NCD, width)
+    y_NWn = windows_NWK.astype(dtype) @ w_wDn.reshape(width * D, n).astype(dtype)
+    max_Nn, ties_Nn = _max_and_ties(y_NWn)
+    return max_Nn.astype(jnp.float32), (windows_NWK, w_wDn, y_NWn, max_Nn, ties_Nn)
 
 
-def _conv_backward(dtype, residuals, g_NWn):
-    x_NCD, w_wDn = residuals
-    _, input_vjp = jax.vjp(lambda x: _conv_in(x, w_wDn, dtype), x_NCD)
-    _, filter_vjp = jax.vjp(lambda w: _conv_in(x_NCD, w, "float32"), w_wDn.astype(jnp.float32))
-    (dx,) = input_vjp(g_NWn)
-    (dw,) = filter_vjp(g_NWn.astype(jnp.float32))
-    return dx, dw.astype(w_wDn.dtype)
+def _max_and_ties(y_NWn: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The max over axis 1 and how many positions reach it, in one pass over y (the count in
+    y's dtype, as a reduction's operands must be: exact, as a row is far shorter than 256)."""
+
+    def larger(a, b):
+        (a_max, a_ties), (b_max, b_ties) = a, b
+        top = jnp.maximum(a_max, b_max)
+        return top, jnp.where(a_max == top, a_ties, 0) + jnp.where(b_max == top, b_ties, 0)
+
+    init = (jnp.array(-jnp.inf, y_NWn.dtype), jnp.array(0, y_NWn.dtype))
+    return jax.lax.reduce((y_NWn, jnp.ones_like(y_NWn)), init, larger, (1,))
 
 
-_conv.defvjp(_conv_forward, _conv_backward)
+def _conv_max_backward(dtype, residuals, g_Nn):
+    windows_NWK, w_wDn, y_NWn, max_Nn, ties_Nn = residuals
+    width, D, n = w_wDn.shape
+    g_NWn = jnp.where(y_NWn == max_Nn[:, None], (g_Nn / ties_Nn.astype(jnp.float32))[:, None].astype(y_NWn.dtype), 0)
+    wide = _wide(dtype)
+    dw = jnp.einsum(
+        "nwk,nwc->kc", windows_NWK.astype(wide), g_NWn.astype(wide), preferred_element_type=jnp.float32
+    ).reshape(w_wDn.shape)
+    d_windows_NWK = matmul(g_NWn, w_wDn.reshape(width * D, n).T, dtype)
+    dx = sum(
+        jnp.pad(d_windows_NWK[..., k * D : (k + 1) * D], ((0, 0), (k, width - 1 - k), (0, 0))) for k in range(width)
+    )
+    return dx.astype(windows_NWK.dtype), dw.astype(w_wDn.dtype)
+
+
+_conv_max.defvjp(_conv_max_forward, _conv_max_backward)
 
 
 def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> jax.Array:
@@ -94,9 +125,7 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
     pooled = []
     for i in range(len(config.char_cnn.filters)):
         f = params["cnn"][f"filter_{i}"]
-        y_NWn = _conv_in(x_NCD, f["W"], dtype) if dtype == "float32" else _conv(x_NCD, f["W"], dtype)
-        # The max of values rounded to bfloat16 is the rounded max: pooling first is exact.
-        pooled.append(activation(jnp.max(y_NWn, axis=1).astype(jnp.float32) + f["b"]))
+        pooled.append(activation(_conv_max(x_NCD, f["W"], dtype) + f["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)
     for k in range(config.char_cnn.n_highway):
         hw = params["highway"][f"layer_{k}"]
