@@ -216,14 +216,36 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
         assert_within_rounding(g, w, s, name)
 
 
-def test_bfloat16_gradient_is_autodiffs_within_bfloat16_rounding():
-    """With bfloat16 matmuls the backward keeps d_gates and d_h_raw in bfloat16 for the weight
-    gradients' matmuls (which round them to bfloat16 anyway) and sums the bias gradient from
-    them in float32: within bfloat16 rounding of autodiff's, which keeps them in float32."""
-    custom, reference, args, weights = _custom_and_autodiff(3, True, "bfloat16")
-    for name, g, w in zip(GRADIENTS, custom(weights, *args), reference(weights, *args)):
-        assert g.dtype == np.float32 and np.abs(w).max() > 0.1, name
-        assert np.abs(np.asarray(g) - np.asarray(w)).max() < 2**-6 * np.abs(w).max(), name  # a few bfloat16 spacings
+def test_bfloat16_gradient_is_float32s_within_bfloat16_rounding():
+    """With bfloat16 matmuls the forward saves the gate activations in bfloat16 (the loop's
+    cells read them back from there) and the backward keeps d_gates and d_h_raw in bfloat16 for
+    the weight gradients' matmuls, summing the bias gradient from them in float32. At weights of
+    a trained model's scale (no gate saturated, clips rarely firing), every gradient stays within
+    1% (root mean square, relative) of float32's, and within 1.5x of the error of autodiff's
+    bfloat16 gradient, which keeps all of these in float32 (on this CPU: 0.6% against 0.5%)."""
+    rng = np.random.default_rng(0)
+    L, B, T, C, P = 2, 32, 20, 256, 64
+    normal = lambda scale, *shape: np.asarray(rng.normal(0, scale, shape), np.float32)  # noqa: E731
+    args = (normal(0.08, L, 2, 2 * P, 4 * C), normal(0.1, L, 2, 4 * C), normal(0.08, L, 2, C, P), normal(1, 2, B, T, P))
+    mask, h0, c0 = np.ones((B, T), bool), np.zeros((L, 2, B, P), np.float32), np.zeros((L, 2, B, C), np.float32)
+    weights = [normal(1, L, 2, B, T, P), normal(1, L, 2, B, P), normal(1, L, 2, B, C)]
+
+    def gradient(dtype, residuals=True):
+        st = _Stack(_Clips(3.0, 3.0), True, 0.0, 1, dtype)
+        layers = _wavefront if residuals else lambda *a: _wave_forward(*a, residuals=False)[0]
+
+        def loss(W_0, b, W_p, x):
+            return sum(jnp.sum(w * y) for w, y in zip(weights, layers(W_0, b, W_p, x, mask, None, h0, c0, st)))
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(*args)
+
+    def error(got, want):
+        return np.sqrt(np.mean((np.asarray(got) - want) ** 2) / np.mean(np.asarray(want) ** 2))
+
+    truth, autodiff = gradient("float32"), gradient("bfloat16", residuals=False)
+    for name, g, want, a in zip(["W_0", "B", "W_P_0", "x"], gradient("bfloat16"), truth, autodiff):
+        assert g.dtype == np.float32, name
+        assert error(g, want) < 0.01 and error(g, want) < 1.5 * error(a, want), (name, error(g, want), error(a, want))
 
 
 def test_both_schedules_give_the_same_gradients():

@@ -193,11 +193,13 @@ def _wave_forward(
         reset_after_LBS = jnp.pad(reset_LBS[:, :, 1:], ((0, 0), (0, 0), (0, 1)))
     keep_KDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)  # K = L - 1: layers >= 1
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-    # Saved for the backward pass: each step's unclipped projection, gate activations, unclipped
-    # cell and (when layers feed layers) inputs; the outputs follow after the loop. Else only
-    # the outputs.
+    # Saved for the backward pass: each step's unclipped projection, gate activations (in the
+    # compute dtype: with bfloat16 matmuls, half the bytes of the loops' largest arrays),
+    # unclipped cell and (when layers feed layers) inputs; the outputs follow after the loop.
+    # Else only the outputs.
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
-    buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), x_DBTP.dtype) for n in widths)
+    dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
+    buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
 
     def step(s, carry):
@@ -212,9 +214,11 @@ def _wave_forward(
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
             z = einsum("ldbk,ldkg->ldbg", jnp.concatenate([inputs, h], axis=-1), W_loop, st.dtype) + b[:, :, None]
         acts = scale * jnp.tanh(slope * z + offset) + shift
-        if residuals:  # saved first and read back: the pass that computes them writes them there once
-            buffers = (buffers[0], _put_slot(buffers[1], s, acts), *buffers[2:])
-            acts = _at_slot(buffers[1], s)
+        if residuals:  # saved first and read back: the pass that computes them writes them there once,
+            # and the cell uses the values the backward pass reads (with bfloat16 matmuls, rounded:
+            # the training forward differs from inference's by that rounding)
+            buffers = (buffers[0], _put_slot(buffers[1], s, acts.astype(buffers[1].dtype)), *buffers[2:])
+            acts = _at_slot(buffers[1], s).astype(jnp.float32)
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         c_raw = sf * c + si * tj
         c_new = _clip(c_raw, st.clips.cell)
@@ -286,7 +290,8 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_h, d_c, d_above, buffers = (
             carry  # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer)
         )
-        acts, c_raw, h_raw = _at_slot(acts_LDBSG, s), _at_slot(c_raw_LDBSC, s), _at_slot(h_raw_LDBSP, s)
+        acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
+        c_raw, h_raw = _at_slot(c_raw_LDBSC, s), _at_slot(h_raw_LDBSP, s)
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
@@ -324,7 +329,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.
     h_prev_LDBSP = before(_clip(h_raw_LDBSP, st.clips.proj), h0, mask_LBS)
-    a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3] * tanh_c_LDBSC
+    a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * tanh_c_LDBSC
     d_W_0 = einsum("ldbsk,ldbsg->ldkg", jnp.concatenate([in_LDBSP, h_prev_LDBSP], axis=-1), d_gates_LDBSG, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
     if L == 1:
