@@ -92,16 +92,6 @@ def _gate_constants(C: int) -> tuple[np.ndarray, ...]:
     return slope, offset, scale, shift
 
 
-def _state_before_each_step(new_DBTX, initial_DBX, mask_BT):
-    """The state each step read (D, B, T, X): the last earlier step's where it ran, else the
-    initial state."""
-    T = mask_BT.shape[1]
-    ran = jnp.where(mask_BT, jnp.arange(1, T + 1), 0)
-    last_ran = jnp.concatenate([jnp.zeros_like(ran[:, :1]), jax.lax.cummax(ran, axis=1)[:, :-1]], axis=1)  # 0: none
-    states = jnp.concatenate([initial_DBX[:, :, None], new_DBTX], axis=2)
-    return jnp.take_along_axis(states, last_ran[None, :, :, None], axis=2)
-
-
 class _Stack(NamedTuple):
     """What the wavefront needs besides arrays (hashable: a custom_vjp static argument)."""
 
@@ -193,10 +183,11 @@ def _wave_forward(
         reset_after_LBS = jnp.pad(reset_LBS[:, :, 1:], ((0, 0), (0, 0), (0, 1)))
     keep_KDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)  # K = L - 1: layers >= 1
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-    # Saved for the backward pass: each step's unclipped projection, gate activations (in the
-    # compute dtype: with bfloat16 matmuls, half the bytes of the loops' largest arrays),
-    # unclipped cell and (when layers feed layers) inputs; the outputs follow after the loop.
-    # Else only the outputs.
+    # Saved for the backward pass: the state h and c each step leaves (its clipped projection and
+    # cell where it ran), its gate activations (in the compute dtype: with bfloat16 matmuls, half
+    # the bytes of the loops' largest arrays) and (when layers feed layers) its inputs; slot
+    # s - 1's state is what step s read, and the outputs follow after the loop. Else only the
+    # outputs.
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
@@ -226,9 +217,9 @@ def _wave_forward(
         h_new = _clip(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
-        saved = (h_raw, None, c_raw, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
-        buffers = tuple(buf if v is None else _put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
+        saved = (h, None, c, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
+        buffers = tuple(buf if v is None else _put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
             h, c = jnp.where(restart, 0.0, h), jnp.where(restart, 0.0, c)
@@ -237,10 +228,8 @@ def _wave_forward(
     out = jnp.zeros_like(h_LDBP) if L > 1 else None
     h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, out, buffers), unroll=st.unroll)
     if residuals:
-        h_raw_LDBSP, in_LDBSP = buffers[0], buffers[3] if L > 1 else x_DBSP[None]
-        out_LDBSP = _layer_outputs(
-            _clip(h_raw_LDBSP, st.clips.proj), in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None]
-        )
+        in_LDBSP = buffers[3] if L > 1 else x_DBSP[None]
+        out_LDBSP = _layer_outputs(buffers[0], in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None])
         return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
     return (_unskew(buffers[0], T, axis=3), h, c), None
 
@@ -270,7 +259,7 @@ def _wavefront_fwd(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
 
 
 def _wavefront_bwd(st: _Stack, residuals, cotangents):
-    W_0, W_proj, keep, h0, c0, mask_LBS, keep_KDBSP, in_LDBSP, h_raw_LDBSP, acts_LDBSG, c_raw_LDBSC = residuals
+    W_0, W_proj, keep, h0, c0, mask_LBS, keep_KDBSP, in_LDBSP, h_LDBSP, acts_LDBSG, c_LDBSC = residuals
     d_out_LDBTP, d_h, d_c = cotangents
     L, D, B, S, P = in_LDBSP.shape
     T = S - L + 1
@@ -280,10 +269,6 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     W_proj_loop_t = jnp.swapaxes(W_proj, 2, 3).astype(st.dtype)
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
-    c_new_LDBSC = _clip(c_raw_LDBSC, st.clips.cell)
-    before = jax.vmap(_state_before_each_step)  # over layers, each with its own skewed mask
-    c_prev_LDBSC = before(c_new_LDBSC, c0, mask_LBS)
-    tanh_c_LDBSC = jnp.tanh(c_new_LDBSC)  # read by the loop and by W_proj's gradient
 
     def step(i, carry):
         s = S - 1 - i
@@ -291,15 +276,18 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
             carry  # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer)
         )
         acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
-        c_raw, h_raw = _at_slot(c_raw_LDBSC, s), _at_slot(h_raw_LDBSP, s)
+        # Where the step ran, the state it left is its clipped cell and projection: |x| < clip
+        # exactly where the unclipped value was. Where it did not, every gradient below is 0.
+        h_new, c_new = _at_slot(h_LDBSP, s), _at_slot(c_LDBSC, s)
+        c_prev = jnp.where(s == 0, c0, _at_slot(c_LDBSC, jnp.maximum(s - 1, 0)))
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
-        d_h_raw = _clip_grad(d_out + jnp.where(m, d_h, 0.0), h_raw, st.clips.proj)
-        tc = _at_slot(tanh_c_LDBSC, s)
+        d_h_raw = _clip_grad(d_out + jnp.where(m, d_h, 0.0), h_new, st.clips.proj)
+        tc = jnp.tanh(c_new)
         d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_loop_t, st.dtype)
-        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_raw, st.clips.cell)
-        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * _at_slot(c_prev_LDBSC, s), d_a * tc], axis=-1)
+        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
+        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
         d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
         d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
@@ -317,10 +305,11 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         return d_h_prev, d_c_prev, d_above, buffers
 
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
-    # take them in the compute dtype: kept in it (the bias gradient sums them in float32).
+    # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
+    # W_0's (a column of ones beside its inputs): d_gates are read once.
     buffers = (
         _slots_like(acts_LDBSG, acts_LDBSG.shape, st.dtype),
-        _slots_like(h_raw_LDBSP, h_raw_LDBSP.shape, st.dtype),
+        _slots_like(h_LDBSP, h_LDBSP.shape, st.dtype),
     )
     buffers += (_slots_like(in_LDBSP, in_LDBSP[:1].shape, in_LDBSP.dtype),) if L > 1 else ()
     carry = (d_h, d_c, jnp.zeros_like(d_h) if L > 1 else None, buffers)
@@ -328,17 +317,18 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     d_gates_LDBSG, d_h_raw_LDBSP = buffers[:2]
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.
-    h_prev_LDBSP = before(_clip(h_raw_LDBSP, st.clips.proj), h0, mask_LBS)
-    a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * tanh_c_LDBSC
-    d_W_0 = einsum("ldbsk,ldbsg->ldkg", jnp.concatenate([in_LDBSP, h_prev_LDBSP], axis=-1), d_gates_LDBSG, st.dtype)
+    h_prev_LDBSP = jnp.concatenate([h0[:, :, :, None], h_LDBSP[:, :, :, :-1]], axis=3)
+    a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * jnp.tanh(c_LDBSC)
+    rows_LDBSK = jnp.concatenate([in_LDBSP, h_prev_LDBSP, jnp.ones_like(h_prev_LDBSP[..., :1])], axis=-1)
+    d_W_0_b = einsum("ldbsk,ldbsg->ldkg", rows_LDBSK, d_gates_LDBSG, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
     if L == 1:
         d_x_DBSP = einsum("dbsg,dgp->dbsp", d_gates_LDBSG[0], W_0_t[0, :, :, :P], st.dtype)
     else:
         d_x_DBSP = buffers[2][0]
     return (
-        d_W_0,
-        d_gates_LDBSG.sum(axis=(2, 3), dtype=jnp.float32),
+        d_W_0_b[:, :, :-1],
+        d_W_0_b[:, :, -1],
         d_W_proj,
         d_x_DBSP[:, :, :T],
         None,
