@@ -185,21 +185,24 @@ def _wave_forward(
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     # Saved for the backward pass: the state h and c each step leaves (its clipped projection and
     # cell where it ran), its gate activations (in the compute dtype: with bfloat16 matmuls, half
-    # the bytes of the loops' largest arrays) and (when layers feed layers) its inputs; slot
-    # s - 1's state is what step s read, and the outputs follow after the loop. Else only the
-    # outputs.
+    # the bytes of the loops' largest arrays) and (when layers feed layers) its outputs; slot
+    # s - 1's state is what step s read. Else only the outputs. Layers >= 1 read the layer
+    # below's output of the step before from its slot (it is not carried: no copy a step).
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
+    n_out = len(widths) - 1  # where the outputs are (for layers >= 1 to read)
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
 
     def step(s, carry):
-        h, c, out, buffers = carry  # out: each layer's output of the last step (None for one layer)
+        h, c, buffers = carry
         if L == 1:
             inputs = _at_slot(x_DBSP, s, axis=2)[None]
             z = _at_slot(gates_x_1DBSG, s) + einsum("ldbp,ldpg->ldbg", h, W_loop, st.dtype)
         else:
-            upper = out[:-1]  # layer l >= 1 reads layer l - 1's output of the last step
+            # Layer l >= 1 reads layer l - 1's output of the last step (none before slot 0: the
+            # uninitialised slot is not read, as layers >= 1 start at slot l).
+            upper = jnp.where(s == 0, 0.0, _at_slot(buffers[n_out], jnp.maximum(s - 1, 0))[:-1])
             if keep_KDBSP is not None:
                 upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
@@ -218,18 +221,24 @@ def _wave_forward(
         m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
         h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
-        saved = (h, None, c, inputs) if residuals else (out,)  # one layer's inputs are x: not saved
+        saved = (h, None, c) + ((out,) if L > 1 else ()) if residuals else (out,)
         buffers = tuple(buf if v is None else _put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
             h, c = jnp.where(restart, 0.0, h), jnp.where(restart, 0.0, c)
-        return h, c, out if L > 1 else None, buffers
+        return h, c, buffers
 
-    out = jnp.zeros_like(h_LDBP) if L > 1 else None
-    h, c, _, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, out, buffers), unroll=st.unroll)
-    if residuals:
-        in_LDBSP = buffers[3] if L > 1 else x_DBSP[None]
+    h, c, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, buffers), unroll=st.unroll)
+    if residuals and L == 1:
+        in_LDBSP = x_DBSP[None]
         out_LDBSP = _layer_outputs(buffers[0], in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None])
+    elif residuals:  # each layer's inputs: x, and the outputs of the layer below a slot earlier
+        out_LDBSP = buffers[3]
+        upper_KDBSP = jnp.pad(out_LDBSP[:-1, :, :, :-1], ((0, 0),) * 3 + ((1, 0), (0, 0)))
+        if keep_KDBSP is not None:
+            upper_KDBSP = apply_dropout(keep_KDBSP, upper_KDBSP, st.dropout)
+        in_LDBSP = jnp.concatenate([x_DBSP[None], upper_KDBSP])
+    if residuals:
         return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
     return (_unskew(buffers[0], T, axis=3), h, c), None
 
