@@ -144,3 +144,26 @@ def test_char_filter_gradients_split_ties_and_sum_in_float32():
     np.testing.assert_allclose(
         np.asarray(dx, np.float64), dx_exact, atol=2**-7 * np.abs(dx_exact).max()
     )  # rounded to bfloat16
+
+
+def test_bfloat16_matmul_gradients_are_float32_products():
+    """A bfloat16 matmul's gradients (traced for a GPU, whose bfloat16 products have float32
+    results) are the products of the bfloat16 operands and the output gradient rounded to
+    bfloat16 once, with float32 results: not rounded to bfloat16 as autodiff's are (its weight
+    gradient then summed over devices), and not float32 x bfloat16 (TF32) products."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.matmul import matmul
+
+    rng = np.random.default_rng(0)
+    x, w, g = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((4, 64, 48), (48, 32), (4, 64, 32)))
+    x64, w64, g64 = (np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64) for a in (x, w, g))
+    exact = (g64 @ w64.T, np.einsum("bnk,bnc->kc", x64, g64))
+    with tracing_for("gpu"):
+        y, vjp = jax.vjp(lambda x, w: matmul(x, w, "bfloat16"), x, w)
+        autodiff = jax.vjp(lambda x, w: jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)), x, w)[1]
+        got, rounded = vjp(g), autodiff(g.astype(jnp.bfloat16))
+    np.testing.assert_allclose(y, x64 @ w64, rtol=1e-6, atol=1e-5)
+    for name, d, r, want in zip(("x", "w"), got, rounded, exact):
+        assert d.dtype == jnp.float32, name
+        error, rounded_error = (np.abs(np.asarray(a, np.float64) - want).max() / np.abs(want).max() for a in (d, r))
+        assert error < 1e-6 and rounded_error > 100 * error, (name, error, rounded_error)

@@ -7,6 +7,8 @@ bfloat16 (XLA accumulates it in float32 internally) and rounded to bfloat16 befo
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -25,4 +27,38 @@ def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax
 
 
 def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
+    """x (..., K) @ w (K, N) -> (..., N) float32. In a narrower dtype its gradients are products
+    in that dtype too, with float32 results (`_narrow_matmul`)."""
+    if dtype == "float32":
+        return _product(x, w, dtype)
+    return _narrow_matmul(x, w, dtype, x.dtype.name, w.dtype.name)
+
+
+def _product(x: jax.Array, w: jax.Array, dtype: str) -> jax.Array:
     return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _narrow_matmul(x: jax.Array, w: jax.Array, dtype: str, x_dtype: str, w_dtype: str) -> jax.Array:
+    """`_product` in `dtype`, differentiated by hand: autodiff's gradients are float32 x `dtype`
+    products (TF32 on GPUs, not the bfloat16 tensor cores) rounded to `dtype`, so that a weight's
+    gradient was rounded before its sum over devices. Here the output gradient is rounded to
+    `dtype` once, and both gradients are `dtype` products with float32 results (XLA on CPU:
+    rounded to `dtype`, see above)."""
+    return _product(x, w, dtype)
+
+
+def _narrow_matmul_forward(x, w, dtype, x_dtype, w_dtype):
+    return _product(x, w, dtype), (x.astype(dtype), w.astype(dtype))
+
+
+def _narrow_matmul_backward(dtype, x_dtype, w_dtype, residuals, g):
+    x, w = residuals
+    g = g.astype(dtype)
+    dx = jnp.matmul(g, w.T, preferred_element_type=result_type(dtype))
+    batch = tuple(range(x.ndim - 1))
+    dw = jnp.tensordot(x, g, axes=(batch, batch), preferred_element_type=result_type(dtype))
+    return dx.astype(x_dtype), dw.astype(w_dtype)
+
+
+_narrow_matmul.defvjp(_narrow_matmul_forward, _narrow_matmul_backward)
