@@ -105,45 +105,59 @@ def _conv_then_max(x, w):
 
 
 def test_char_filter_gradients_split_ties_and_sum_in_float32():
-    """A char CNN filter (`_conv_max`: one matmul per position's characters, then the max,
-    differentiated by hand). Small integers make every convolution value exact in bfloat16
-    too, so ties are exact: padding-only windows tie for the max. Its gradient splits each max's
-    among the tied positions as TF's (and autodiff's) does: in float32 value and gradients
-    are autodiff's. In bfloat16 its filter gradient is still the float32 sum over every word and
-    position (what the devices then sum is float32), not rounded to bfloat16 as autodiff's is."""
+    """The char CNN's filters (`_conv_max`: one matmul of each position's characters for all
+    filters, then the max, differentiated by hand), three widths. Small integers make every
+    convolution value exact in bfloat16 too, so ties are exact: padding-only windows tie for the
+    max. Its gradient splits each max's among the tied positions as TF's (and autodiff's) does:
+    in float32 value and gradients are autodiff's of one convolution per filter. In bfloat16
+    its filter gradients are still float32 sums over every word and position (what the devices
+    then sum is float32), not rounded to bfloat16 as autodiff's are."""
     from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(0)
-    x64 = rng.integers(-2, 3, size=(64, 30, 16)).astype(np.float64)
-    x64[:, 18:] = 1.0  # padding: every window after 18 - 3 + 1 holds the same characters
-    w64 = rng.integers(-2, 3, size=(3, 16, 8)).astype(np.float64)
-    g = jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)
-    y64 = np.stack([np.einsum("nwd,dc->nwc", x64[:, k : k + 28], w64[k]) for k in range(3)]).sum(0)
-    hit = y64 == y64.max(axis=1, keepdims=True)
-    assert (hit.sum(axis=1) > 1).mean() > 0.05  # some maxima tie
+    N, C, D = 64, 30, 16
+    x64 = rng.integers(-2, 3, size=(N, C, D)).astype(np.float64)
+    x64[:, 18:] = 1.0  # padding: every window from 18 on holds the same characters
+    w64 = [rng.integers(-2, 3, size=(width, D, n)).astype(np.float64) for width, n in ((3, 8), (1, 4), (2, 4))]
+    g = jnp.asarray(rng.normal(size=(N, 16)), jnp.float32)
+    y64 = [sum(np.einsum("nwd,dc->nwc", x64[:, k : C - len(w) + 1 + k], w[k]) for k in range(len(w))) for w in w64]
+    hits = [y == y.max(axis=1, keepdims=True) for y in y64]
+    pooled64 = np.concatenate([y.max(axis=1) for y in y64], axis=1)
+    assert np.mean(np.concatenate([hit.sum(axis=1) > 1 for hit in hits], axis=1)) > 0.05  # some maxima tie
 
-    x, w = jnp.asarray(x64, jnp.float32), jnp.asarray(w64, jnp.float32)
-    pooled, (dx, dw) = (lambda out: (out[0], out[1](g)))(jax.vjp(lambda x, w: _conv_max(x, w, "float32"), x, w))
-    pooled_ad, (dx_ad, dw_ad) = (lambda out: (out[0], out[1](g)))(jax.vjp(_conv_then_max, x, w))
-    np.testing.assert_array_equal(pooled, y64.max(axis=1))
-    np.testing.assert_allclose(dx, dx_ad, atol=1e-6 * np.abs(dx_ad).max())
-    np.testing.assert_allclose(dw, dw_ad, atol=1e-6 * np.abs(dw_ad).max())
+    def bank(dtype):
+        return lambda x, *ws: _conv_max(x, ws, dtype)
+
+    def autodiff(x, *ws):
+        return jnp.concatenate([_conv_then_max(x, w) for w in ws], axis=1)
+
+    x, ws = jnp.asarray(x64, jnp.float32), [jnp.asarray(w, jnp.float32) for w in w64]
+    pooled, vjp = jax.vjp(bank("float32"), x, *ws)
+    got, want = vjp(g), jax.vjp(autodiff, x, *ws)[1](g)
+    np.testing.assert_array_equal(pooled, pooled64)
+    for d, d_ad in zip(got, want):
+        np.testing.assert_allclose(d, d_ad, atol=1e-6 * np.abs(d_ad).max())
 
     xb = jnp.asarray(x64, jnp.bfloat16)
-    pooled, vjp = jax.vjp(lambda x, w: _conv_max(x, w, "bfloat16"), xb, w)
-    dx, dw = vjp(g)
-    share = np.asarray(jnp.asarray(np.asarray(g) / hit.sum(axis=1), jnp.bfloat16), np.float64)
-    d_y = np.where(hit, share[:, None], 0.0)
-    exact = np.stack([np.einsum("nwd,nwc->dc", x64[:, k : k + 28], d_y) for k in range(3)])
-    dw_ad = jax.vjp(_conv_then_max, xb, w.astype(jnp.bfloat16))[1](g)[1]
-    assert pooled.dtype == dw.dtype == jnp.float32 and dw_ad.dtype == jnp.bfloat16 and dx.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(pooled, y64.max(axis=1))
-    error, rounded_error = (np.abs(np.asarray(d, np.float64) - exact).max() for d in (dw, dw_ad))
-    assert error < 1e-6 * np.abs(exact).max() and rounded_error > 30 * error
-    dx_exact = sum(np.pad(np.einsum("nwc,dc->nwd", d_y, w64[k]), ((0, 0), (k, 2 - k), (0, 0))) for k in range(3))
-    np.testing.assert_allclose(
-        np.asarray(dx, np.float64), dx_exact, atol=2**-7 * np.abs(dx_exact).max()
-    )  # rounded to bfloat16
+    pooled, vjp = jax.vjp(bank("bfloat16"), xb, *ws)
+    dx, *dws = vjp(g)
+    rounded = jax.vjp(autodiff, xb, *[w.astype(jnp.bfloat16) for w in ws])[1](g)[1:]
+    assert pooled.dtype == jnp.float32 and dx.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(pooled, pooled64)
+    dx_exact, start = 0.0, 0
+    for w, hit, dw, dw_ad in zip(w64, hits, dws, rounded):
+        share = np.asarray(jnp.asarray(np.asarray(g[:, start : start + w.shape[2]]) / hit.sum(axis=1), jnp.bfloat16))
+        d_y = np.where(hit, share.astype(np.float64)[:, None], 0.0)
+        W = C - len(w) + 1
+        exact = np.stack([np.einsum("nwd,nwc->dc", x64[:, k : k + W], d_y) for k in range(len(w))])
+        error, rounded_error = (np.abs(np.asarray(d, np.float64) - exact).max() for d in (dw, dw_ad))
+        assert dw.dtype == jnp.float32 and dw_ad.dtype == jnp.bfloat16
+        assert error < 1e-6 * np.abs(exact).max() and rounded_error > 30 * error
+        dx_exact += sum(
+            np.pad(np.einsum("nwc,dc->nwd", d_y, w[k]), ((0, 0), (k, C - W - k), (0, 0))) for k in range(len(w))
+        )
+        start += w.shape[2]
+    np.testing.assert_allclose(np.asarray(dx, np.float64), dx_exact, atol=2**-7 * np.abs(dx_exact).max())  # bf16
 
 
 def test_bfloat16_matmul_gradients_are_float32_products():

@@ -58,25 +58,41 @@ def _wide(dtype: str) -> str:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _conv_max(x_NCD: jax.Array, w_wDn: jax.Array, dtype: str) -> jax.Array:
-    """Max over positions of the VALID 1-D convolution (N, C, D) x (w, D, n) -> (N, n) float32,
-    as one matmul of each position's characters by the filter in `dtype`, its result (N, W, n)
-    in `dtype`: the max of rounded values is the rounded max, at half the bytes of float32.
+def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str) -> jax.Array:
+    """Max over positions of each filter's VALID 1-D convolution: (N, C, D) x filters (w_i, D,
+    n_i) -> (N, F = sum n_i) float32. All filters are one matmul of each position's characters
+    (the widest filter's window; narrower filters' weights padded with zero rows, their windows
+    past the word's end left out of the max) in `dtype`, its result (N, C, F) in `dtype`: the
+    max of rounded values is the rounded max, at half the bytes of float32.
 
     Differentiated by hand as TF's max (the gradient split evenly among the positions that tie
     for the max, counted in the max's own pass): the gradient at every position is built once,
     in `dtype`, where autodiff wrote a tie mask, float32 and `dtype` copies and counted the ties
-    again. The filter gradient is the float32 sum over every word and position (and over
+    again. The filter gradients are float32 sums over every word and position (and over
     devices, where the words are split), never rounded to a narrower compute dtype."""
-    return _conv_max_forward(x_NCD, w_wDn, dtype)[0]
+    return _conv_max_forward(x_NCD, w_filters, dtype)[0]
 
 
-def _conv_max_forward(x_NCD, w_wDn, dtype):
-    width, D, n = w_wDn.shape
-    windows_NWK = _windows(x_NCD, width)
-    y_NWn = windows_NWK.astype(dtype) @ w_wDn.reshape(width * D, n).astype(dtype)
-    max_Nn, ties_Nn = _max_and_ties(y_NWn)
-    return max_Nn.astype(jnp.float32), (windows_NWK, w_wDn, y_NWn, max_Nn, ties_Nn)
+def _filter_bank(w_filters: tuple[jax.Array, ...]) -> tuple[jax.Array, np.ndarray]:
+    """Filters (w_i, D, n_i) -> one matrix (widest * D, F), narrower filters padded with zero
+    rows, and each column's filter width (F,)."""
+    widest, D = max(w.shape[0] for w in w_filters), w_filters[0].shape[1]
+    columns = [jnp.pad(w.reshape(-1, w.shape[2]), ((0, (widest - w.shape[0]) * D), (0, 0))) for w in w_filters]
+    return jnp.concatenate(columns, axis=1), np.concatenate([np.full(w.shape[2], w.shape[0]) for w in w_filters])
+
+
+def _conv_max_forward(x_NCD, w_filters, dtype):
+    C = x_NCD.shape[1]
+    w_KF, width_F = _filter_bank(w_filters)
+    widest, narrowest = int(width_F.max()), int(width_F.min())
+    # The narrowest filter's C - narrowest + 1 positions, each with the widest filter's window.
+    windows_NWK = _windows(jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0))), widest)
+    y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
+    inside_WF = np.arange(C - narrowest + 1)[:, None] <= C - width_F  # the filter fits in the word's C characters
+    if not inside_WF.all():
+        y_NWF = jnp.where(inside_WF, y_NWF, -jnp.inf)
+    max_NF, ties_NF = _max_and_ties(y_NWF)
+    return max_NF.astype(jnp.float32), (x_NCD, windows_NWK, w_filters, y_NWF, max_NF, ties_NF)
 
 
 def _max_and_ties(y_NWn: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -92,19 +108,23 @@ def _max_and_ties(y_NWn: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.lax.reduce((y_NWn, jnp.ones_like(y_NWn)), init, larger, (1,))
 
 
-def _conv_max_backward(dtype, residuals, g_Nn):
-    windows_NWK, w_wDn, y_NWn, max_Nn, ties_Nn = residuals
-    width, D, n = w_wDn.shape
-    g_NWn = jnp.where(y_NWn == max_Nn[:, None], (g_Nn / ties_Nn.astype(jnp.float32))[:, None].astype(y_NWn.dtype), 0)
+def _conv_max_backward(dtype, residuals, g_NF):
+    x_NCD, windows_NWK, w_filters, y_NWF, max_NF, ties_NF = residuals
+    w_KF, width_F = _filter_bank(w_filters)
+    widest, D = int(width_F.max()), x_NCD.shape[2]
+    g_NWF = jnp.where(y_NWF == max_NF[:, None], (g_NF / ties_NF.astype(jnp.float32))[:, None].astype(y_NWF.dtype), 0)
     wide = _wide(dtype)
-    dw = jnp.einsum(
-        "nwk,nwc->kc", windows_NWK.astype(wide), g_NWn.astype(wide), preferred_element_type=jnp.float32
-    ).reshape(w_wDn.shape)
-    d_windows_NWK = matmul(g_NWn, w_wDn.reshape(width * D, n).T, dtype)
-    dx = sum(
-        jnp.pad(d_windows_NWK[..., k * D : (k + 1) * D], ((0, 0), (k, width - 1 - k), (0, 0))) for k in range(width)
+    dw_KF = jnp.einsum("nwk,nwf->kf", windows_NWK.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
+    ends = np.cumsum([w.shape[2] for w in w_filters])
+    dw = tuple(
+        dw_KF[: w.shape[0] * D, end - w.shape[2] : end].reshape(w.shape).astype(w.dtype)
+        for w, end in zip(w_filters, ends)
     )
-    return dx.astype(windows_NWK.dtype), dw.astype(w_wDn.dtype)
+    d_windows_NWK = matmul(g_NWF, w_KF.T, dtype)
+    dx = sum(
+        jnp.pad(d_windows_NWK[..., k * D : (k + 1) * D], ((0, 0), (k, widest - 1 - k), (0, 0))) for k in range(widest)
+    )
+    return dx[:, : x_NCD.shape[1]].astype(x_NCD.dtype), dw
 
 
 _conv_max.defvjp(_conv_max_forward, _conv_max_backward)
@@ -122,11 +142,12 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
         )
     activation, dtype = _ACTIVATIONS[config.char_cnn.activation], config.compute_dtype
     x_NCD = params["char_embed"][chars_NC].astype(dtype)
-    pooled = []
-    for i in range(len(config.char_cnn.filters)):
-        f = params["cnn"][f"filter_{i}"]
-        pooled.append(activation(_conv_max(x_NCD, f["W"], dtype) + f["b"]))
-    h_NF = jnp.concatenate(pooled, axis=-1)
+    filters = [params["cnn"][f"filter_{i}"] for i in range(len(config.char_cnn.filters))]
+    # One matmul for all filters on accelerators (a few large kernels); one per filter on CPU,
+    # where the narrower filters' zero rows cost more than the launches they save.
+    banks = [filters] if backend() != "cpu" else [[f] for f in filters]
+    pooled_NF = jnp.concatenate([_conv_max(x_NCD, tuple(f["W"] for f in bank), dtype) for bank in banks], axis=1)
+    h_NF = activation(pooled_NF + jnp.concatenate([f["b"] for f in filters]))
     for k in range(config.char_cnn.n_highway):
         hw = params["highway"][f"layer_{k}"]
         gate = jax.nn.sigmoid(matmul(h_NF, hw["W_carry"], dtype) + hw["b_carry"])
