@@ -279,20 +279,25 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
 
+    def output_gradients(s, d_h, d_above):
+        """Slot s's gradient of the layers' outputs and of their unclipped projections. Where
+        the step ran, the state it left is its clipped cell and projection: |x| < clip exactly
+        where the unclipped value was. Where it did not, every gradient of the step is 0."""
+        m = mask_LBS[:, None, :, s, None]
+        d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
+        return d_out, _clip_grad(d_out + jnp.where(m, d_h, 0.0), _at_slot(h_LDBSP, s), st.clips.proj)
+
     def step(i, carry):
         s = S - 1 - i
-        d_h, d_c, d_above, buffers = (
-            carry  # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer)
-        )
+        # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer); d_h_raw:
+        # this step's, computed by the step before (in the pass that computes d_h), in the
+        # compute dtype that its matmul and its save slot take.
+        d_h, d_c, d_above, d_h_raw, buffers = carry
         acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
-        # Where the step ran, the state it left is its clipped cell and projection: |x| < clip
-        # exactly where the unclipped value was. Where it did not, every gradient below is 0.
-        h_new, c_new = _at_slot(h_LDBSP, s), _at_slot(c_LDBSC, s)
+        c_new = _at_slot(c_LDBSC, s)
         c_prev = jnp.where(s == 0, c0, _at_slot(c_LDBSC, jnp.maximum(s - 1, 0)))
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-        d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
-        d_h_raw = _clip_grad(d_out + jnp.where(m, d_h, 0.0), h_new, st.clips.proj)
         tc = jnp.tanh(c_new)
         d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_loop_t, st.dtype)
         d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
@@ -306,12 +311,13 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
             d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_loop_t, st.dtype)
             d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
-            d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
+            d_in = d_in_h[..., :P] + jnp.where(skip_L, output_gradients(s, d_h, d_above)[0], 0.0)
             d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
             d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
             saved += (d_in[:1],)
         buffers = tuple(_put_slot(buf, s, v.astype(buf.dtype)) for buf, v in zip(buffers, saved))
-        return d_h_prev, d_c_prev, d_above, buffers
+        d_h_raw = output_gradients(jnp.maximum(s - 1, 0), d_h_prev, d_above)[1].astype(st.dtype)  # unused after slot 0
+        return d_h_prev, d_c_prev, d_above, d_h_raw, buffers
 
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
     # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
@@ -321,8 +327,9 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         _slots_like(h_LDBSP, h_LDBSP.shape, st.dtype),
     )
     buffers += (_slots_like(in_LDBSP, in_LDBSP[:1].shape, in_LDBSP.dtype),) if L > 1 else ()
-    carry = (d_h, d_c, jnp.zeros_like(d_h) if L > 1 else None, buffers)
-    d_h0, d_c0, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
+    d_above = jnp.zeros_like(d_h) if L > 1 else None
+    carry = (d_h, d_c, d_above, output_gradients(S - 1, d_h, d_above)[1].astype(st.dtype), buffers)
+    d_h0, d_c0, _, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
     d_gates_LDBSG, d_h_raw_LDBSP = buffers[:2]
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.

@@ -62,8 +62,8 @@ def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str) ->
     """Max over positions of each filter's VALID 1-D convolution: (N, C, D) x filters (w_i, D,
     n_i) -> (N, F = sum n_i) float32. All filters are one matmul of each position's characters
     (the widest filter's window; narrower filters' weights padded with zero rows, their windows
-    past the word's end left out of the max) in `dtype`, its result (N, C, F) in `dtype`: the
-    max of rounded values is the rounded max, at half the bytes of float32.
+    past the word's end left out of the max) in `dtype`, its result (N, C - narrowest + 1, F) in
+    `dtype`: the max of rounded values is the rounded max, at half the bytes of float32.
 
     Differentiated by hand as TF's max (the gradient split evenly among the positions that tie
     for the max, counted in the max's own pass): the gradient at every position is built once,
