@@ -88,31 +88,38 @@ def _conv_max_forward(x_NCD, w_filters, dtype):
     # The narrowest filter's C - narrowest + 1 positions, each with the widest filter's window.
     windows_NWK = _windows(jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0))), widest)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
-    inside_WF = np.arange(C - narrowest + 1)[:, None] <= C - width_F  # the filter fits in the word's C characters
-    if not inside_WF.all():
-        y_NWF = jnp.where(inside_WF, y_NWF, -jnp.inf)
-    max_NF, ties_NF = _max_and_ties(y_NWF)
+    max_NF, ties_NF = _max_and_ties(y_NWF, _inside(C, width_F))
     return max_NF.astype(jnp.float32), (x_NCD, windows_NWK, w_filters, y_NWF, max_NF, ties_NF)
 
 
-def _max_and_ties(y_NWn: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The max over axis 1 and how many positions reach it, in one pass over y (the count in
-    y's dtype, as a reduction's operands must be: exact, as a row is far shorter than 256)."""
+def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
+    """(C - narrowest + 1, F) bool: where each column's filter fits in the word's C characters."""
+    return np.arange(C - width_F.min() + 1)[:, None] <= C - width_F
+
+
+def _max_and_ties(y_NWF: jax.Array, inside_WF: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """The max over axis 1 of y where `inside` and how many positions reach it, in one pass over
+    y (no masked copy of y: a position outside enters with a count of 0, which the reduction
+    leaves out). The count is in y's dtype, as a reduction's operands must be: exact, as a row
+    is far shorter than 256."""
 
     def larger(a, b):
         (a_max, a_ties), (b_max, b_ties) = a, b
+        a_max, b_max = jnp.where(a_ties > 0, a_max, -jnp.inf), jnp.where(b_ties > 0, b_max, -jnp.inf)
         top = jnp.maximum(a_max, b_max)
         return top, jnp.where(a_max == top, a_ties, 0) + jnp.where(b_max == top, b_ties, 0)
 
-    init = (jnp.array(-jnp.inf, y_NWn.dtype), jnp.array(0, y_NWn.dtype))
-    return jax.lax.reduce((y_NWn, jnp.ones_like(y_NWn)), init, larger, (1,))
+    init = (jnp.array(-jnp.inf, y_NWF.dtype), jnp.array(0, y_NWF.dtype))
+    counts = jnp.broadcast_to(jnp.asarray(inside_WF, y_NWF.dtype), y_NWF.shape)
+    return jax.lax.reduce((y_NWF, counts), init, larger, (1,))
 
 
 def _conv_max_backward(dtype, residuals, g_NF):
     x_NCD, windows_NWK, w_filters, y_NWF, max_NF, ties_NF = residuals
     w_KF, width_F = _filter_bank(w_filters)
     widest, D = int(width_F.max()), x_NCD.shape[2]
-    g_NWF = jnp.where(y_NWF == max_NF[:, None], (g_NF / ties_NF.astype(jnp.float32))[:, None].astype(y_NWF.dtype), 0)
+    hit_NWF = (y_NWF == max_NF[:, None]) & _inside(x_NCD.shape[1], width_F)
+    g_NWF = jnp.where(hit_NWF, (g_NF / ties_NF.astype(jnp.float32))[:, None].astype(y_NWF.dtype), 0)
     wide = _wide(dtype)
     dw_KF = jnp.einsum("nwk,nwf->kf", windows_NWK.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
     ends = np.cumsum([w.shape[2] for w in w_filters])
