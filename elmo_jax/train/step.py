@@ -108,16 +108,20 @@ class SoftmaxRows(NamedTuple):
 def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainSettings, table_rows: int) -> SoftmaxRows:
     """Samples each direction's candidates and collects the rows the step touches."""
     log_p = log_uniform_log_probs(hp.n_tokens_vocab)
-    cands = [sample_candidates(jax.random.fold_in(rng, d), log_p, hp.n_negative_samples_batch) for d in range(2)]
-    ids_2S = jnp.stack([c.ids for c in cands])
+
+    def sample(d, targets_N):  # both directions batched: each pass over the vocabulary is one kernel for both
+        c = sample_candidates(jax.random.fold_in(rng, d), log_p, hp.n_negative_samples_batch)
+        return c.ids, c.log_expected_count(c.ids, log_p), c.log_expected_count(targets_N, log_p)
+
+    ids_2S, log_q_candidates, log_q_targets = jax.vmap(sample)(jnp.arange(2), targets_2N)
     used = jnp.concatenate([ids_2S.reshape(-1), targets_2N.reshape(-1)])
     rows, where = jnp.unique(used, return_inverse=True, size=used.size, fill_value=table_rows)
     return SoftmaxRows(
         rows=rows,
         candidates=where[: ids_2S.size].reshape(ids_2S.shape),
-        log_q_candidates=jnp.stack([c.log_expected_count(c.ids, log_p) for c in cands]),
+        log_q_candidates=log_q_candidates,
         targets=where[ids_2S.size :].reshape(targets_2N.shape),
-        log_q_targets=jnp.stack([c.log_expected_count(targets_2N[d], log_p) for d, c in enumerate(cands)]),
+        log_q_targets=log_q_targets,
     )
 
 
