@@ -219,10 +219,11 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
 def test_bfloat16_gradient_is_float32s_within_bfloat16_rounding():
     """With bfloat16 matmuls the forward saves the gate activations in bfloat16 (the loop's
     cells read them back from there) and the backward keeps d_gates and d_h_raw in bfloat16 for
-    the weight gradients' matmuls, summing the bias gradient from them in float32. At weights of
+    the weight gradients' matmuls (the bias gradient one more row of W_0's). At weights of
     a trained model's scale (no gate saturated, clips rarely firing), every gradient stays within
-    1% (root mean square, relative) of float32's, and within 1.5x of the error of autodiff's
-    bfloat16 gradient, which keeps all of these in float32 (on this CPU: 0.6% against 0.5%)."""
+    1% (root mean square, relative) of float32's, and within 2x the error of autodiff's bfloat16
+    gradient, which keeps all of these in float32 (on this CPU 0.43-0.60% against 0.31-0.75%,
+    the bias's worst, as XLA on CPU rounds its gradient matmul's result to bfloat16)."""
     rng = np.random.default_rng(0)
     L, B, T, C, P = 2, 32, 20, 256, 64
     normal = lambda scale, *shape: np.asarray(rng.normal(0, scale, shape), np.float32)  # noqa: E731
@@ -245,7 +246,7 @@ def test_bfloat16_gradient_is_float32s_within_bfloat16_rounding():
     truth, autodiff = gradient("float32"), gradient("bfloat16", residuals=False)
     for name, g, want, a in zip(["W_0", "B", "W_P_0", "x"], gradient("bfloat16"), truth, autodiff):
         assert g.dtype == np.float32, name
-        assert error(g, want) < 0.01 and error(g, want) < 1.5 * error(a, want), (name, error(g, want), error(a, want))
+        assert error(g, want) < 0.01 and error(g, want) < 2 * error(a, want), (name, error(g, want), error(a, want))
 
 
 def test_both_schedules_give_the_same_gradients():
