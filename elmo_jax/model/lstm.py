@@ -189,7 +189,6 @@ def _wave_forward(
     # s - 1's state is what step s read. Else only the outputs. Layers >= 1 read the layer
     # below's output of the step before from its slot (it is not carried: no copy a step).
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
-    n_out = len(widths) - 1  # where the outputs are (for layers >= 1 to read)
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
@@ -202,7 +201,7 @@ def _wave_forward(
         else:
             # Layer l >= 1 reads layer l - 1's output of the last step (none before slot 0: the
             # uninitialised slot is not read, as layers >= 1 start at slot l).
-            upper = jnp.where(s == 0, 0.0, _at_slot(buffers[n_out], jnp.maximum(s - 1, 0))[:-1])
+            upper = jnp.where(s == 0, 0.0, _at_slot(buffers[-1], jnp.maximum(s - 1, 0))[:-1])  # the outputs
             if keep_KDBSP is not None:
                 upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
@@ -229,18 +228,18 @@ def _wave_forward(
         return h, c, buffers
 
     h, c, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, buffers), unroll=st.unroll)
-    if residuals and L == 1:
+    if not residuals:
+        return (_unskew(buffers[0], T, axis=3), h, c), None
+    if L == 1:
         in_LDBSP = x_DBSP[None]
         out_LDBSP = _layer_outputs(buffers[0], in_LDBSP, mask_LBS[:, None, :, :, None], skip_L[..., None])
-    elif residuals:  # each layer's inputs: x, and the outputs of the layer below a slot earlier
+    else:  # each layer's inputs: x, and the outputs of the layer below a slot earlier
         out_LDBSP = buffers[3]
         upper_KDBSP = jnp.pad(out_LDBSP[:-1, :, :, :-1], ((0, 0),) * 3 + ((1, 0), (0, 0)))
         if keep_KDBSP is not None:
             upper_KDBSP = apply_dropout(keep_KDBSP, upper_KDBSP, st.dropout)
         in_LDBSP = jnp.concatenate([x_DBSP[None], upper_KDBSP])
-    if residuals:
-        return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
-    return (_unskew(buffers[0], T, axis=3), h, c), None
+    return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
 
 
 def _layer_outputs(h_new, inputs, mask, skip_L):

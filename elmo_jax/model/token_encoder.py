@@ -89,7 +89,7 @@ def _conv_max_forward(x_NCD, w_filters, dtype):
     windows_NWK = _windows(jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0))), widest)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_NF = _max_and_ties(y_NWF, _inside(C, width_F))
-    return max_NF.astype(jnp.float32), (x_NCD, windows_NWK, w_filters, y_NWF, max_NF, ties_NF)
+    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, y_NWF, max_NF, ties_NF)
 
 
 def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
@@ -115,10 +115,11 @@ def _max_and_ties(y_NWF: jax.Array, inside_WF: np.ndarray) -> tuple[jax.Array, j
 
 
 def _conv_max_backward(dtype, residuals, g_NF):
-    x_NCD, windows_NWK, w_filters, y_NWF, max_NF, ties_NF = residuals
+    windows_NWK, w_filters, y_NWF, max_NF, ties_NF = residuals
     w_KF, width_F = _filter_bank(w_filters)
-    widest, D = int(width_F.max()), x_NCD.shape[2]
-    hit_NWF = (y_NWF == max_NF[:, None]) & _inside(x_NCD.shape[1], width_F)
+    widest, D = int(width_F.max()), w_filters[0].shape[1]
+    C = y_NWF.shape[1] + int(width_F.min()) - 1  # the word's characters
+    hit_NWF = (y_NWF == max_NF[:, None]) & _inside(C, width_F)
     g_NWF = jnp.where(hit_NWF, (g_NF / ties_NF.astype(jnp.float32))[:, None].astype(y_NWF.dtype), 0)
     wide = _wide(dtype)
     dw_KF = jnp.einsum("nwk,nwf->kf", windows_NWK.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
@@ -131,7 +132,7 @@ def _conv_max_backward(dtype, residuals, g_NF):
     dx = sum(
         jnp.pad(d_windows_NWK[..., k * D : (k + 1) * D], ((0, 0), (k, widest - 1 - k), (0, 0))) for k in range(widest)
     )
-    return dx[:, : x_NCD.shape[1]].astype(x_NCD.dtype), dw
+    return dx[:, :C].astype(windows_NWK.dtype), dw
 
 
 _conv_max.defvjp(_conv_max_forward, _conv_max_backward)
