@@ -5,6 +5,7 @@ import numpy as np
 from elmo_jax.model.softmax import (
     full_softmax_ce,
     log_uniform_log_probs,
+    logsumexp,
     sample_candidates,
     sampled_softmax_ce,
 )
@@ -36,6 +37,23 @@ def test_every_class_sampled_equals_full_softmax():
     np.testing.assert_allclose(chunked, sampled, rtol=1e-5)
     want = jax.nn.logsumexp(h @ W.T + b, axis=-1) - (h @ W.T + b)[jnp.arange(N), targets]
     np.testing.assert_allclose(full_softmax_ce(h, targets, W, b), want, rtol=1e-5)
+
+
+def test_one_pass_logsumexp_equals_two_passes_with_its_gradient():
+    # Rows of a wide range, -inf entries (removed accidental hits) and a row whose max repeats.
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 300)) * np.array([[0.1], [1.0], [10.0], [30.0], [80.0], [1.0]])
+    x[1, ::3] = -np.inf
+    x[5, :] = 2.0
+    x[5, :7] = -np.inf
+    x = jnp.asarray(x, jnp.float32)
+    g = jnp.asarray(rng.normal(size=6), jnp.float32)
+    got, got_vjp = jax.vjp(logsumexp, x)
+    want, want_vjp = jax.vjp(lambda x: jax.nn.logsumexp(x, axis=-1), x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(logsumexp)(x), want, rtol=1e-6)
+    np.testing.assert_allclose(got_vjp(g)[0], want_vjp(g)[0], rtol=1e-5, atol=1e-7)
+    assert np.all(np.asarray(got_vjp(g)[0])[1, ::3] == 0)
 
 
 def test_accidental_hits_are_removed_and_log_q_corrects():
