@@ -20,10 +20,11 @@ def result_type(dtype: str):
     return jnp.float32 if dtype == "float32" or backend() != "cpu" else None
 
 
-def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(
-        jnp.float32
-    )
+def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32", rounded: bool = False) -> jax.Array:
+    """The product in `dtype`, float32 out. `rounded`: its result rounded to `dtype` first, as
+    XLA on CPU always rounds it (half the bytes written and read where the result is large)."""
+    result = dtype if rounded else result_type(dtype)
+    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result).astype(jnp.float32)
 
 
 def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
