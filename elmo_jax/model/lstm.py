@@ -301,7 +301,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         tc = jnp.tanh(c_new)
-        d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_loop_t, st.dtype)
+        d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_loop_t, st.dtype, rounded=True)  # as the forward's gates
         d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
         d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
