@@ -227,6 +227,21 @@ def test_largest_batch_is_bracketed_by_compiled_sizes():
     assert largest_batch(lambda rows: 1, capacity, {}, limit=1024) == 1024
 
 
+def test_largest_batch_search_survives_memory_that_bends():
+    """Memory per row that grows past some batch (XLA rematerialises less there): the line
+    through the small compiled sizes overshoots, and the line from there must not creep to the
+    answer a multiple at a time (it took 563 compiles of the real step's shape before)."""
+    capacity = 113e9
+
+    def needs(rows: int) -> float:  # the H200 step's shape: 4.2 GB fixed, 9 then 14.3 MB a row
+        return 4.2e9 + (9e6 if rows < 2000 else 14.3e6) * rows
+
+    known = {512: needs(512)}
+    best = largest_batch(needs, capacity, known)
+    assert needs(best) <= capacity < needs(best + 8) and {best, best + 8} <= set(known)
+    assert len(known) <= 12, sorted(known)
+
+
 @pytest.mark.launches
 def test_plan_of_embedding_counts_every_matmul_of_its_programs():
     """`plan --mode=embed`: the LSTM window runs WINDOW + L - 1 diagonals of every layer and

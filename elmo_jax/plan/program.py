@@ -105,8 +105,12 @@ def largest_batch(
 ) -> int:
     """The largest per-device batch, a multiple of `multiple` up to `limit`, whose `needs(rows)`
     bytes fit in `capacity` (0 when none does). `known` holds the needs already compiled, and
-    gains each one compiled here: the search guesses from the line through the two nearest
-    known sizes and brackets the answer with compiled sizes, so that it is found, not guessed."""
+    gains each one compiled here: the answer is bracketed by compiled sizes, so that it is
+    found, not guessed. Each guess follows the line through compiled sizes (the two nearest
+    below until one fails, then the bracket's ends); a guess that did not halve a bracket of
+    compiled sizes is followed by its midpoint: memory is not linear in the batch (XLA
+    rematerialises more at some sizes than at others), and the line alone can creep to the
+    answer a few rows a compile."""
 
     def need(rows: int) -> int:
         if rows not in known:
@@ -123,21 +127,24 @@ def largest_batch(
         fits = multiple if need(multiple) <= capacity else 0
         if fits == 0:
             return 0
+    halved = True
     while fails - fits > multiple:
-        lo, hi = sorted(known)[0], max(known)
-        pair = sorted(known, key=lambda r: abs(r - fits))[:2]
-        if len(pair) == 2 and pair[0] != pair[1]:
-            lo, hi = sorted(pair)
-        slope = (known[hi] - known[lo]) / (hi - lo) if hi != lo else 0.0
-        guess = fits * 2 if slope <= 0 else fits + (capacity - known[fits]) / slope
-        guess = int(guess) // multiple * multiple
-        guess = min(max(guess, fits + multiple), fails - multiple, limit)
+        if not halved and fails in known:
+            guess = (fits + fails) // 2
+        else:
+            nearest = sorted(known, key=lambda r: abs(r - fits))[:2]
+            lo, hi = (fits, fails) if fails in known else (min(nearest), max(nearest))
+            slope = (known[hi] - known[lo]) / (hi - lo) if hi != lo else 0.0
+            guess = fits * 2 if slope <= 0 else fits + (capacity - known[fits]) / slope
+        guess = min(max(int(guess) // multiple * multiple, fits + multiple), fails - multiple, limit)
+        width = fails - fits
         if need(guess) <= capacity:
             fits = guess
             if fits == limit:
                 return limit
         else:
             fails = guess
+        halved = fails - fits <= width / 2
     return fits
 
 
