@@ -17,6 +17,7 @@ from elmo_jax.model.lstm import (
     input_gates,
     lstm_stacks,
     split_input_weights,
+    with_bias,
 )
 
 RATE = 0.3
@@ -186,7 +187,7 @@ def _custom_and_autodiff(n_layers: int, skip: bool, dtype: str):
     keep_upper = None if n_layers == 1 else keep[1:n_layers]
     h0, c0 = np.swapaxes(state.h, 0, 1), np.swapaxes(state.c, 0, 1)
     rng = np.random.default_rng(3)
-    outputs = _wavefront(*stacked, x, mask, keep_upper, h0, c0, st)
+    outputs = _wavefront(with_bias(*stacked[:2]), stacked[2], x, mask, keep_upper, h0, c0, st)
     weights = [rng.normal(size=a.shape).astype(np.float32) for a in outputs]
 
     def loss(layers):
@@ -198,7 +199,10 @@ def _custom_and_autodiff(n_layers: int, skip: bool, dtype: str):
     def autodiff(*args):
         return _wave_forward(*args, st, residuals=False)[0]
 
-    return loss(lambda *args: _wavefront(*args, st)), loss(autodiff), (*stacked, x, h0, c0), weights
+    def custom(W_0, b, *args):
+        return _wavefront(with_bias(W_0, b), *args, st)
+
+    return loss(custom), loss(autodiff), (*stacked, x, h0, c0), weights
 
 
 @pytest.mark.parametrize("n_layers, skip", [(1, False), (3, True)])
@@ -233,7 +237,10 @@ def test_bfloat16_gradient_is_float32s_within_bfloat16_rounding():
 
     def gradient(dtype, residuals=True):
         st = _Stack(_Clips(3.0, 3.0), True, 0.0, 1, dtype)
-        layers = _wavefront if residuals else lambda *a: _wave_forward(*a, residuals=False)[0]
+        if residuals:
+            layers = lambda W_0, b, *a: _wavefront(with_bias(W_0, b), *a)  # noqa: E731
+        else:
+            layers = lambda *a: _wave_forward(*a, residuals=False)[0]  # noqa: E731
 
         def loss(W_0, b, W_p, x):
             return sum(jnp.sum(w * y) for w, y in zip(weights, layers(W_0, b, W_p, x, mask, None, h0, c0, st)))

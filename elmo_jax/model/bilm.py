@@ -9,6 +9,8 @@ Params are a plain nested dict:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,11 +59,12 @@ def lstm_top(
     config: ModelConfig,
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
+    mark: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[jax.Array, LSTMState]:
     """Encoded tokens (U, P) gathered at the positions (2, B, T) -> top LSTM layer (2, B, T, P)
     and the new state. With `keep_masks` (L + 1, 2, B, T, P), dropout as bilm-tf applies it:
-    on each layer's input, and once more on the top output."""
-    layers, state = lstm_stacks(lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks, dropout)
+    on each layer's input, and once more on the top output. `mark`: see `lstm_stacks`."""
+    layers, state = lstm_stacks(lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks, dropout, mark=mark)
     top = layers[-1]
     if keep_masks is not None:
         top = apply_dropout(keep_masks[config.lstm.n_layers], top, dropout)

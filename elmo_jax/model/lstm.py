@@ -23,6 +23,7 @@ and runs the same diagonal backwards.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -242,7 +243,7 @@ def _wave_forward(
         if keep_KDBSP is not None:
             upper_KDBSP = apply_dropout(keep_KDBSP, upper_KDBSP, st.dropout)
         in_LDBSP = jnp.concatenate([x_DBSP[None], upper_KDBSP])
-    return (_unskew(out_LDBSP, T, axis=3), h, c), (mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
+    return (_unskew(out_LDBSP, T, axis=3), h, c), (W_loop, W_proj_loop, mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
 
 
 def _layer_outputs(h_new, inputs, mask, skip_L):
@@ -251,33 +252,38 @@ def _layer_outputs(h_new, inputs, mask, skip_L):
     return jnp.where(mask, jnp.where(skip_L, h_new + inputs, h_new), 0.0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def _wavefront(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
-    """L layers of D directions (params stacked on axes 0 and 1: W_0 (L, D, 2P, 4C), b (L, D, 4C),
-    W_proj (L, D, C, P)) over inputs (D, B, T, P) -> outputs (L, D, B, T, P) with the residual
-    added (layers >= 1 with `st.skip`), final h (L, D, B, P) and c (L, D, B, C). `keep`
-    (L - 1, D, B, T, P) or None: the dropout on the inputs of layers >= 1.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _wavefront(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
+    """L layers of D directions (params stacked on axes 0 and 1: W_0b (L, D, 2P + 1, 4C), W_0's
+    rows with the bias as one more (`with_bias`), W_proj (L, D, C, P)) over inputs (D, B, T, P)
+    -> outputs (L, D, B, T, P) with the residual added (layers >= 1 with `st.skip`), final h
+    (L, D, B, P) and c (L, D, B, C). `keep` (L - 1, D, B, T, P) or None: the dropout on the
+    inputs of layers >= 1.
 
     Differentiated by hand, running the same diagonal backwards: the loop holds the matmuls
     that carry the gradient back in time and down the layers; the weight gradients are one
-    matmul each over all steps afterwards."""
-    return _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st, residuals=False)[0]
+    matmul each over all steps afterwards (W_0b's, the bias's row with it, is that matmul's
+    result as it is: summed over devices without a copy)."""
+    return _wave_forward(W_0b[:, :, :-1], W_0b[:, :, -1], W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st, False)[0]
 
 
-def _wavefront_fwd(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
+def with_bias(W_0: jax.Array, b: jax.Array) -> jax.Array:
+    """W_0 (..., 2P, 4C) and its bias (..., 4C) -> (..., 2P + 1, 4C), the bias the last row."""
+    return jnp.concatenate([W_0, b[..., None, :]], axis=-2)
+
+
+def _wavefront_fwd(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
+    W_0, b = W_0b[:, :, :-1], W_0b[:, :, -1]
     outputs, saved = _wave_forward(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st, residuals=True)
-    return outputs, (W_0, W_proj, keep, h_LDBP, c_LDBC, *saved)
+    return outputs, (W_0, h_LDBP, c_LDBC, *saved)
 
 
 def _wavefront_bwd(st: _Stack, residuals, cotangents):
-    W_0, W_proj, keep, h0, c0, mask_LBS, keep_KDBSP, in_LDBSP, h_LDBSP, acts_LDBSG, c_LDBSC = residuals
+    W_0, h0, c0, W_loop, W_proj_loop, mask_LBS, keep_KDBSP, in_LDBSP, h_LDBSP, acts_LDBSG, c_LDBSC = residuals
     d_out_LDBTP, d_h, d_c = cotangents
     L, D, B, S, P = in_LDBSP.shape
     T = S - L + 1
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
-    W_0_t = jnp.swapaxes(W_0, 2, 3)
-    W_loop_t = (W_0_t[:, :, :, P:] if L == 1 else W_0_t).astype(st.dtype)  # as the forward loop's
-    W_proj_loop_t = jnp.swapaxes(W_proj, 2, 3).astype(st.dtype)
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
 
@@ -301,7 +307,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         m = mask_LBS[:, None, :, s, None]
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         tc = jnp.tanh(c_new)
-        d_a = einsum("ldbp,ldpc->ldbc", d_h_raw, W_proj_loop_t, st.dtype, rounded=True)  # as the forward's gates
+        d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
         d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
         d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
@@ -309,9 +315,9 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
         saved = (d_gates, d_h_raw)
         if L == 1:  # the input gradient is one matmul after the loop
-            d_h_prev = einsum("ldbg,ldgp->ldbp", d_gates, W_loop_t, st.dtype) + jnp.where(m, 0.0, d_h)
+            d_h_prev = einsum("ldbg,ldpg->ldbp", d_gates, W_loop, st.dtype) + jnp.where(m, 0.0, d_h)
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
-            d_in_h = einsum("ldbg,ldgk->ldbk", d_gates, W_loop_t, st.dtype)
+            d_in_h = einsum("ldbg,ldkg->ldbk", d_gates, W_loop, st.dtype)
             d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
             d_in = d_in_h[..., :P] + jnp.where(skip_L, output_gradients(s, d_h, d_above)[0], 0.0)
             d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
@@ -341,12 +347,11 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     d_W_0_b = einsum("ldbsk,ldbsg->ldkg", rows_LDBSK, d_gates_LDBSG, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
     if L == 1:
-        d_x_DBSP = einsum("dbsg,dgp->dbsp", d_gates_LDBSG[0], W_0_t[0, :, :, :P], st.dtype)
+        d_x_DBSP = einsum("dbsg,dpg->dbsp", d_gates_LDBSG[0], W_0[0, :, :P], st.dtype)
     else:
         d_x_DBSP = buffers[2][0]
     return (
-        d_W_0_b[:, :, :-1],
-        d_W_0_b[:, :, -1],
+        d_W_0_b,
         d_W_proj,
         d_x_DBSP[:, :, :T],
         None,
@@ -374,6 +379,7 @@ def lstm_stacks(
     dropout: float = 0.0,
     reset_BT: jax.Array | None = None,
     gates_2BTG: jax.Array | None = None,
+    mark: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[jax.Array, LSTMState]:
     """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state.
 
@@ -387,7 +393,9 @@ def lstm_stacks(
     for inference: with it, gradients come from JAX's own differentiation of the loop, not the
     hand-written one. `gates_2BTG` (2, B, T, 4C): layer 0's `input_gates` of x_2BTP, already
     computed (gathered from a table of distinct tokens), for the layers schedule and with `reset_BT`;
-    so are params whose W_0 is split (`split_input_weights`).
+    so are params whose W_0 is split (`split_input_weights`). `mark` is applied to the weights a
+    time loop reads once stacked (under shard_map: marking them device-varying, so that their
+    gradients are summed over devices as the loop's backward makes them, a stack at a time).
     """
     cfg = config.lstm
     st = _Stack(
@@ -408,19 +416,21 @@ def lstm_stacks(
             "precomputed input gates and split weights need layers in loops of their own (the layers schedule) "
             "and reset_BT"
         )
+    mark = mark or (lambda x: x)
     outputs, hs, cs, layer_in = [], [], [], x_2BTP
     for layers in groups:  # one time loop each
         first, L = layers[0], len(layers)
         each = [params[f"layer_{layer}"] for layer in layers]
-        W_0 = (_stacked(each, "W_x"), _stacked(each, "W_h")) if split else _stacked(each, "W_0")
-        stacked = [W_0, _stacked(each, "B"), _stacked(each, "W_P_0")]
         if keep_masks is not None:
             layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
         keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
         h0, c0 = jnp.swapaxes(state.h[:, first : first + L], 0, 1), jnp.swapaxes(state.c[:, first : first + L], 0, 1)
         if reset_BT is None:
-            out, h, c = _wavefront(*stacked, layer_in, mask_BT, keep, h0, c0, st)
+            W_0b, W_proj = mark(with_bias(_stacked(each, "W_0"), _stacked(each, "B"))), mark(_stacked(each, "W_P_0"))
+            out, h, c = _wavefront(W_0b, W_proj, layer_in, mask_BT, keep, h0, c0, st)
         else:
+            W_0 = (_stacked(each, "W_x"), _stacked(each, "W_h")) if split else _stacked(each, "W_0")
+            stacked = [W_0, _stacked(each, "B"), _stacked(each, "W_P_0")]
             gates = gates_2BTG if first == 0 else None
             (out, h, c), _ = _wave_forward(*stacked, layer_in, mask_BT, keep, h0, c0, st, False, reset_BT, gates)
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself

@@ -150,16 +150,18 @@ def _local_losses(
     and the rows' new state. Runs under shard_map: the recurrences and their weight gradients
     stay on the device (a scan over a sharded batch under jit alone all-reduces the recurrent
     weights' gradient at every time step), and the gradients are summed over devices once."""
-    # Marked device-varying here, once: left replicated, each use (inside the scan: at every
-    # time step) would be a cast whose transpose sums that use's gradient over devices.
-    lstm_params, table = jax.tree.map(lambda x: jax.lax.pcast(x, AXIS, to="varying"), (lstm_params, table))
+    # Marked device-varying once (the LSTM weights as the loops read them, stacked): left
+    # replicated, each use (inside the loop: at every time step) would be a cast whose transpose
+    # sums that use's gradient over devices.
+    varying = functools.partial(jax.lax.pcast, axis_name=AXIS, to="varying")
+    table = jax.tree.map(varying, table)
     # Each device encoded its share of the words (on one device, all of them): gathered here,
     # so that their gradient is summed and scattered back to the shares (a reduce-scatter,
     # half an all-reduce's bytes).
     if jax.lax.axis_size(AXIS) > 1:
         tokens_UP = jax.lax.all_gather(tokens_UP, AXIS, tiled=True)
     with jax.named_scope("lstm"):
-        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout)
+        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, varying)
     mask_n = mask_bT.reshape(-1)
     sums = []
     with jax.named_scope("softmax"):
