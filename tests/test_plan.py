@@ -166,6 +166,34 @@ def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
     assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
 
 
+REDUCED_SLICE = """
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%fused_slice (p: f32[16,112,2048]) -> f32[48,64] {
+  %p = f32[16,112,2048]{2,1,0} parameter(0)
+  %zero = f32[] constant(0)
+  %sum = f32[112,2048]{1,0} reduce(%p, %zero), dimensions={0}, to_apply=%add
+  ROOT %filter = f32[48,64]{1,0} slice(%sum), slice={[0:48], [64:128]}
+}
+
+ENTRY %main (x: f32[16,112,2048]) -> f32[48,64] {
+  %x = f32[16,112,2048]{2,1,0} parameter(0)
+  ROOT %f = f32[48,64]{1,0} fusion(%x), kind=kLoop, calls=%fused_slice
+}
+"""
+
+
+def test_a_fusion_that_slices_what_it_computes_reads_only_that_share():
+    """The char CNN's filter gradients: each filter's block sliced out of the split-K partial
+    sums of all filters' gradient, one kernel a filter, each reducing only its block."""
+    (kernel,) = Program(REDUCED_SLICE).kernels()
+    assert kernel.bytes == 16 * 48 * 64 * 4 + 48 * 64 * 4
+
+
 SORT = """
 %compare (a: f32[], b: f32[], i: s32[], j: s32[]) -> pred[] {
   %a = f32[] parameter(0)

@@ -7,8 +7,9 @@ of a called computation, that launches work: a fusion, a library call (cuBLAS, c
 a sort, a collective (a loop's condition only where its trip count is unknown); not an
 uninitialised buffer's allocation (AllocateBuffer). Its bytes are its
 operands plus its result, except where it touches less: an operand that the fusion only slices
-is counted as the slices it reads, and a buffer updated in place (dynamic-update-slice,
-scatter) as the update written. An async fusion (fusion-start, fusion-done) is one kernel,
+is counted as the slices it reads, a fusion whose results slice what it computes as that share
+of its operands, and a buffer updated in place (dynamic-update-slice, scatter) as the update
+written. An async fusion (fusion-start, fusion-done) is one kernel,
 counted as the fusion it wraps. Elementwise arithmetic is not counted in
 FLOPs (a few per byte: memory-bound anyway)."""
 
@@ -327,6 +328,12 @@ class Program:
             uses = through_views(name)
             if uses and all(u.opcode in SLICING_OPS and u.operands[0] == n for u, n in uses):
                 reads[index] = float(sum(type_bytes(u.type) for u, _ in uses))
+        # Results that are slices of values computed here: only the elements they keep are
+        # computed, so each parameter is read in that share (a reduction's operands too).
+        if outputs and all(o.opcode == "slice" and origin(o.operands[0]) not in params for o in outputs):
+            share = max(type_bytes(o.type) / type_bytes(self.type(o.operands[0])) for o in outputs)
+            for name, index in params.items():
+                reads.setdefault(index, share * type_bytes(by_name[name].type))
         return reads, in_place, (written if in_place else None)
 
 
