@@ -54,6 +54,9 @@ def test_one_pass_logsumexp_equals_two_passes_with_its_gradient():
     np.testing.assert_allclose(jax.jit(logsumexp)(x), want, rtol=1e-6)
     np.testing.assert_allclose(got_vjp(g)[0], want_vjp(g)[0], rtol=1e-5, atol=1e-7)
     assert np.all(np.asarray(got_vjp(g)[0])[1, ::3] == 0)
+    # A row without a finite entry (one candidate, the target's): -inf, and no NaN in its gradient.
+    lse, vjp = jax.vjp(logsumexp, jnp.full((1, 4), -jnp.inf))
+    assert lse[0] == -np.inf and np.all(np.asarray(vjp(jnp.ones(1))[0]) == 0)
 
 
 def test_accidental_hits_are_removed_and_log_q_corrects():

@@ -80,8 +80,8 @@ def sampled_softmax_ce(
 def logsumexp(x_NS: jax.Array) -> jax.Array:
     """log(sum(exp(x))) over the last axis (N, S) -> (N,): a row's max and its sum of
     exponentials, rescaled as the max grows, in one pass over x (jax.nn.logsumexp reads x twice:
-    its max, then the sum). Each row needs a finite entry. Differentiated by hand: JAX does not
-    differentiate a reduction with its own combiner."""
+    its max, then the sum). A row of -inf gives -inf and a zero gradient. Differentiated by
+    hand: JAX does not differentiate a reduction with its own combiner."""
 
     def combine(a, b):  # one exponential: the smaller max's sum rescaled to the larger's
         (a_max, a_sum), (b_max, b_sum) = a, b
@@ -102,7 +102,8 @@ def _logsumexp_forward(x_NS):
 
 def _logsumexp_backward(residuals, g_N):
     x_NS, lse_N = residuals
-    return (g_N[..., None] * jnp.exp(x_NS - lse_N[..., None]),)
+    # -inf entries get 0 (a row of them too: -inf - -inf is not -inf)
+    return (g_N[..., None] * jnp.exp(jnp.where(x_NS == -jnp.inf, -jnp.inf, x_NS - lse_N[..., None])),)
 
 
 logsumexp.defvjp(_logsumexp_forward, _logsumexp_backward)
