@@ -15,34 +15,38 @@ from elmo_jax.plan import hlo
 from elmo_jax.plan.kernels import Program, bitonic_passes
 from elmo_jax.plan.program import largest_batch
 from elmo_jax.plan.report import wire_bytes
+from elmo_jax.plan.targets import TARGETS
 
 
-def _plugin_missing() -> str | None:
+def _plugin_missing(tpu: bool) -> str | None:
     try:
         import jax_cuda12_plugin  # noqa: F401
+
+        if tpu:
+            import libtpu  # noqa: F401
     except ImportError:
-        return "the plan's compiler plugin is not installed: pip install 'elmo_jax[plan]' (Python 3.12+)"
+        return "the plan's compiler plugins are not installed: pip install 'elmo_jax[plan]' (Python 3.12+)"
     return None
 
 
-def _need_plugin() -> None:
-    missing = _plugin_missing()
+def _need_plugin(tpu: bool = False) -> None:
+    missing = _plugin_missing(tpu)
     if missing:
         if os.environ.get("ELMO_JAX_REQUIRE_PLAN") == "1":
             pytest.fail(missing)
         pytest.skip(missing)
 
 
-def _plan_demo(folder, devices: int) -> tuple[dict, str]:
-    """The demo's step in bfloat16, 32 rows on each of `devices` H200s: the plan's JSON and the
-    program."""
-    _need_plugin()
+def _plan_demo(folder, devices: int, target: str = "h200") -> tuple[dict, str]:
+    """The demo's step in bfloat16, 32 rows on each of `devices` chips of the target: the
+    plan's JSON and the program."""
+    _need_plugin(tpu=target.startswith("v"))
     program = folder / "step.hlo"
-    args = ["plan", "--config=demo", "--target=h200", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
+    args = ["plan", "--config=demo", f"--target={target}", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
     args += [f"--hlo={program}", "--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
     result = run_cli(args)
     assert result.returncode == 0, result.stderr
-    assert f"NVIDIA H200 x {devices}, 32 rows per device" in result.stdout
+    assert f"{TARGETS[target].description} x {devices}, 32 rows per device" in result.stdout
     return json.loads(result.stdout.strip().splitlines()[-1]), program.read_text()
 
 
@@ -51,17 +55,27 @@ def planned(tmp_path_factory):
     return _plan_demo(tmp_path_factory.mktemp("plan"), 1)
 
 
+@pytest.fixture(scope="module")
+def planned_v5e(tmp_path_factory):
+    """The same step compiled for a TPU v5e by libtpu (its loops carry no trip count, its
+    matmuls are convolutions, most of its arrays live in on-chip memory)."""
+    return _plan_demo(tmp_path_factory.mktemp("plan_v5e"), 1, "v5e")
+
+
 # The demo's sizes (experiments/demo.py): 2 layers, 2 directions, cell 128, projection 64.
 L, D, C, P, B, T = 2, 2, 128, 64, 32, 20
 CHAR_DIM, WIDTHS, CHARS = 8, [(1, 16), (2, 16), (3, 32), (4, 32)], 50  # char embedding, (width, filters), columns
 
 
 @pytest.mark.slow
-def test_plan_counts_the_lstm_loops_kernels_and_flops(planned):
-    plan, _ = planned
+@pytest.mark.launches  # the fixture, made here
+@pytest.mark.parametrize("compiled", ["planned", "planned_v5e"])
+def test_plan_counts_the_lstm_loops_kernels_and_flops(compiled, request):
+    plan, _ = request.getfixturevalue(compiled)
     lstm = [loop for loop in plan["kernels"]["loops"] if loop["matmul"]]
     assert plan["lstm_schedule"] == "wavefront"  # the accelerators' schedule, though compiled on a CPU
     assert [loop["trips"] for loop in lstm] == [T + L - 1] * 2  # forward and backward diagonals
+    assert all(loop["trips_known"] for loop in plan["kernels"]["loops"])
     in_loops = sum(loop["trips"] * loop["kernels_per_iteration"] for loop in plan["kernels"]["loops"])
     assert plan["kernels"]["per_step"] == plan["kernels"]["outside_loops"] + in_loops
     # Each loop iteration, forward or backward: the gate matmul [x; h] (2P) -> 4C and the
@@ -71,14 +85,36 @@ def test_plan_counts_the_lstm_loops_kernels_and_flops(planned):
 
 
 @pytest.mark.slow
-def test_plan_reports_memory_and_a_consistent_estimate(planned):
-    plan, _ = planned
-    m = plan["memory"]
+@pytest.mark.launches
+@pytest.mark.parametrize(("compiled", "target"), [("planned", "h200"), ("planned_v5e", "v5e")])
+def test_plan_reports_memory_and_a_consistent_estimate(compiled, target, request):
+    plan, _ = request.getfixturevalue(compiled)
+    m, chip = plan["memory"], TARGETS[target]
     assert m["needs"] == m["argument"] + m["temp"] + m["output"] - m["alias"]
-    assert 0 < m["needs"] < m["capacity"] == int(150_754_820_096 * 0.75)
+    assert 0 < m["needs"] < m["capacity"] == int(chip.memory_bytes * chip.usable_memory)
     assert plan["step_s"] >= max(plan["compute_floor_s"], plan["memory_floor_s"], plan["launches_s"])
     assert plan["tokens_per_s"] == pytest.approx(B * T / plan["step_s"])
     assert plan["paper_hours"] == pytest.approx(7.69e9 / plan["tokens_per_s"] / 3600)
+
+
+def test_a_program_larger_than_a_tpu_does_not_fit():
+    """libtpu refuses to compile a program whose temporaries exceed the chip's memory (a GPU's
+    compiler does not: its memory analysis tells): the plan says so, with the bytes it needs, so
+    that the search for the largest batch takes it as a batch that does not fit."""
+    _need_plugin(tpu=True)
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.plan.program import DoesNotFit, abstract_devices, compile_within_memory, quiet_accelerator_plugins
+
+    quiet_accelerator_plugins()
+    v5e = TARGETS["v5e"]
+    on_chip = jax.sharding.SingleDeviceSharding(abstract_devices(v5e, 1)[0])
+    words = jax.ShapeDtypeStruct((80_000,), jnp.float32, sharding=on_chip)
+    lowered = jax.jit(lambda x: jnp.sort(jnp.outer(x, x), axis=1)[:, :4].sum(), in_shardings=on_chip).lower(words)
+    with pytest.raises(DoesNotFit, match="7 rows per device do not fit on v5e") as refused:
+        compile_within_memory(lowered, v5e, 7)
+    assert refused.value.needs_bytes >= 80_000**2 * 4 > v5e.memory_bytes  # at least the outer product
 
 
 @pytest.mark.slow
@@ -291,3 +327,90 @@ def test_plan_of_embedding_counts_every_matmul_of_its_programs():
     assert plan["positions_per_s"] == pytest.approx(24 * 8 / window["seconds"])
     assert plan["words_per_s"] == pytest.approx(2048 / encoder["seconds"])
     assert 0 < window["memory"]["argument"] and "estimated:" in result.stdout
+
+
+# A TPU program's loop, as libtpu writes it: no known_trip_count (the trips are read from the
+# counter: from 0 while < 21, + 1 a turn), scalar counter arithmetic beside the kernels, and
+# the loop's state in on-chip memory (S(1)); only the weights are in HBM.
+TPU_LOOP = """
+%cond (p: (s32[], f32[8,128], bf16[128,128])) -> pred[] {
+  %cond_state = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)S(1)}, bf16[128,128]{1,0:T(8,128)(2,1)}) parameter(0)
+  %cond_index = s32[]{:T(128)} get-tuple-element(%cond_state), index=0
+  %limit = s32[]{:T(128)} constant(21)
+  ROOT %lt = pred[]{:T(512)} compare(%cond_index, %limit), direction=LT
+}
+
+%fused_step (step_h: f32[8,128], step_w: bf16[128,128]) -> f32[8,128] {
+  %step_h = f32[8,128]{1,0:T(8,128)S(1)} parameter(0)
+  %step_w = bf16[128,128]{1,0:T(8,128)(2,1)} parameter(1)
+  %step_x = bf16[8,128]{1,0:T(8,128)(2,1)} convert(%step_h)
+  ROOT %step_d = f32[8,128]{1,0:T(8,128)S(1)} dot(%step_x, %step_w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (p: (s32[], f32[8,128], bf16[128,128])) -> (s32[], f32[8,128], bf16[128,128]) {
+  %state = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)S(1)}, bf16[128,128]{1,0:T(8,128)(2,1)}) parameter(0)
+  %index = s32[]{:T(128)} get-tuple-element(%state), index=0
+  %counter = s32[]{:T(128)S(6)} copy(%index)
+  %one = s32[]{:T(128)} constant(1)
+  %next = s32[]{:T(128)} add(%counter, %one)
+  %state_h = f32[8,128]{1,0:T(8,128)S(1)} get-tuple-element(%state), index=1
+  %state_w = bf16[128,128]{1,0:T(8,128)(2,1)} get-tuple-element(%state), index=2
+  %h2 = f32[8,128]{1,0:T(8,128)S(1)} fusion(%state_h, %state_w), kind=kOutput, calls=%fused_step
+  ROOT %t = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)S(1)}, bf16[128,128]{1,0:T(8,128)(2,1)}) tuple(%next, %h2, %state_w)
+}
+
+ENTRY %main (h: f32[8,128], w: bf16[128,128]) -> f32[8,128] {
+  %h = f32[8,128]{1,0:T(8,128)} parameter(0)
+  %w = bf16[128,128]{1,0:T(8,128)(2,1)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  %init = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)S(1)}, bf16[128,128]{1,0:T(8,128)(2,1)}) tuple(%zero, %h, %w)
+  %loop = (s32[], f32[8,128], bf16[128,128]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[8,128]{1,0:T(8,128)} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_tpu_loop_runs_as_often_as_its_counter_says_and_reads_only_hbm():
+    program = Program(TPU_LOOP, "tpu")
+    (loop,) = program.loops()
+    assert (loop.trips, loop.known, loop.matmul) == (21, True, True)
+    (kernel,) = program.kernels()  # the counter's copy and add run on the scalar unit
+    assert (kernel.name, kernel.runs, kernel.loop) == ("h2", 21, "body")
+    assert (kernel.flops, kernel.dtype) == (2 * 8 * 128 * 128, "bf16")
+    assert kernel.bytes == 128 * 128 * 2  # the weights; the state in on-chip memory costs no HBM traffic
+    # Read as a GPU's program, the same scalars are kernels of their own (the GPU has no scalar unit).
+    assert sorted(k.name for k in Program(TPU_LOOP, "cuda").kernels()) == ["counter", "h2", "next"]
+
+
+@pytest.mark.parametrize(
+    ("direction", "start", "limit", "step", "trips"),
+    [("LT", 0, 21, 1, 21), ("LE", 0, 21, 1, 22), ("LT", 0, 21, 4, 6), ("GT", 20, -1, -1, 21), ("NE", 0, 21, 3, 7)],
+)
+def test_a_loops_trip_count_is_read_from_its_counter(direction, start, limit, step, trips):
+    text = TPU_LOOP.replace("constant(21)", f"constant({limit})").replace("direction=LT", f"direction={direction}")
+    text = text.replace("%zero = s32[]{:T(128)} constant(0)", f"%zero = s32[]{{:T(128)}} constant({start})")
+    text = text.replace("%one = s32[]{:T(128)} constant(1)", f"%one = s32[]{{:T(128)}} constant({step})")
+    assert Program(text, "tpu").loops()[0].trips == trips
+
+
+# Convolutions as a TPU program writes matmuls: a batched matmul over (layer, direction) as a
+# convolution whose 2x2 window meets a 2x2 input dilated by 2 only on its diagonal (one tap per
+# output position), and a padded 1-D convolution (a weight gradient: the window slides past the
+# input's ends).
+CONVOLUTIONS = """
+ENTRY %m (x: bf16[2,2,32,128], w: bf16[2,2,128,512], a: f32[8,5,16], k: f32[3,16,4]) -> (bf16[2,2,32,512], f32[8,7,4]) {
+  %x = bf16[2,2,32,128]{3,2,1,0:T(8,128)(2,1)} parameter(0)
+  %w = bf16[2,2,128,512]{3,2,1,0:T(8,128)(2,1)} parameter(1)
+  %a = f32[8,5,16]{2,1,0} parameter(2)
+  %k = f32[3,16,4]{2,1,0} parameter(3)
+  %batched = bf16[2,2,32,512]{3,2,1,0} convolution(%x, %w), window={size=2x2 lhs_dilate=2x2}, dim_labels=01bf_01io->01bf
+  %padded = f32[8,7,4]{2,1,0} convolution(%a, %k), window={size=3 pad=2_2}, dim_labels=b0f_0io->b0f
+  ROOT %t = (bf16[2,2,32,512], f32[8,7,4]) tuple(%batched, %padded)
+}
+"""
+
+
+def test_a_convolution_counts_the_products_that_meet_its_input():
+    batched, padded = Program(CONVOLUTIONS, "tpu").kernels()
+    assert batched.flops == 2 * (2 * 2) * 32 * 128 * 512  # 4 matmuls of 32 x 128 by 128 x 512
+    assert padded.flops == 2 * 8 * 4 * 16 * 5 * 3  # each input position meets each of the 3 taps once

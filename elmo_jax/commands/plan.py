@@ -8,7 +8,6 @@ from absl.flags import FlagValues
 
 from elmo_jax import strict_json
 from elmo_jax.commands.command import Command
-from elmo_jax.errors import UserError
 
 
 def main(flags: FlagValues) -> None:
@@ -18,12 +17,6 @@ def main(flags: FlagValues) -> None:
     from elmo_jax.plan.targets import target as find_target
 
     target, devices = find_target(flags.target), flags.devices or 1
-    if not target.programs_read:
-        raise UserError(
-            f"target={target.name}: plan reads GPU programs only so far (h200, h100, a100); a TPU's compiles "
-            "with libtpu, but its loops, memory and matmuls are not read yet, and a wrong estimate is worse than none",
-            ("target",),
-        )
     lines, result, program = (_embedding if flags.mode == "embed" else _train_step)(flags, target, devices)
     if flags.hlo:
         Path(flags.hlo).write_text(program)
@@ -43,7 +36,7 @@ def _embedding(flags: FlagValues, target, devices: int) -> tuple[list[str], dict
 
 def _train_step(flags: FlagValues, target, devices: int) -> tuple[list[str], dict, str]:
     """The train step's plan (and with --fit the largest batch): its lines, its JSON, the program."""
-    from elmo_jax.plan.program import compile_train_step, largest_batch
+    from elmo_jax.plan.program import DoesNotFit, compile_train_step, largest_batch
     from elmo_jax.plan.report import describe, estimate
 
     rows = flags.config.train.per_device_batch_size
@@ -51,13 +44,17 @@ def _train_step(flags: FlagValues, target, devices: int) -> tuple[list[str], dic
     def compile_at(batch: int):
         return compile_train_step(flags.config, target, devices, batch, flags.vocab_size)
 
+    def needs(batch: int) -> int:
+        try:
+            return compile_at(batch).needs_bytes
+        except DoesNotFit as e:  # a TPU's compiler refuses a program larger than the chip's memory
+            return e.needs_bytes
+
     step = compile_at(rows)
     result = estimate(step, target)
     if flags.fit:
         known = {rows: step.needs_bytes}
-        result["largest_batch"] = largest_batch(
-            lambda b: compile_at(b).needs_bytes, result["memory"]["capacity"], known
-        )
+        result["largest_batch"] = largest_batch(needs, result["memory"]["capacity"], known)
         result["batches_compiled"] = {b: known[b] for b in sorted(known)}
     return describe(result, target), result, step.hlo
 
@@ -67,7 +64,7 @@ COMMAND = Command(
     "The train step (or with --mode=embed the embedding programs) compiled for an accelerator without one: "
     "kernels, memory, the largest batch that fits, estimated tokens/s and the paper's run in hours (needs "
     "elmo_jax[plan]).",
-    "--config=NAME|FILE --target=h200|h100|a100 [--devices=N] [--mode=embed [--batch_size=N]] "
+    "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--mode=embed [--batch_size=N]] "
     "[--config.SECTION.KEY=VALUE ...]",
     ("config", "target", "devices", "mode", "batch_size", "vocab_size", "fit", "hlo"),
     ("config",),

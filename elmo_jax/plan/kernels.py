@@ -4,14 +4,21 @@ memory, and how often it runs (the trip counts of the loops around it).
 
 A kernel is each instruction of the entry computation, of a while loop's body or condition, or
 of a called computation, that launches work: a fusion, a library call (cuBLAS, cuDNN), a copy,
-a sort, a collective (a loop's condition only where its trip count is unknown); not an
-uninitialised buffer's allocation (AllocateBuffer). Its bytes are its
+a sort, a collective, a DMA (copy-start) (a loop's condition only where its trip count is
+unknown); not an uninitialised buffer's allocation (AllocateBuffer), nor, on a TPU, scalar
+arithmetic outside fusions (the loop counters: its scalar unit runs them beside the kernels).
+A loop's trip count is XLA's (known_trip_count) or, where the program does not write it (TPU
+programs), read from its counter: the constant it starts from, the constant it is compared
+with in the condition and the constant the body adds to it. Its bytes are its
 operands plus its result, except where it touches less: an operand that the fusion only slices
 is counted as the slices it reads, a fusion whose results slice what it computes as that share
 of its operands, and a buffer updated in place (dynamic-update-slice, scatter) as the update
-written. An async fusion (fusion-start, fusion-done) is one kernel,
-counted as the fusion it wraps. Elementwise arithmetic is not counted in
-FLOPs (a few per byte: memory-bound anyway)."""
+written; only arrays in device memory count (a TPU keeps many in its on-chip memory,
+memory space S(1), and prefetches them there with DMAs). An async fusion (fusion-start,
+fusion-done) is one kernel, counted as the fusion it wraps. Elementwise arithmetic is not counted in
+FLOPs (a few per byte: memory-bound anyway). A convolution counts the multiplications of its
+window that meet the input, not padding nor the holes of a dilated input (TPU programs write
+batched matmuls and weight gradients as such convolutions)."""
 
 from __future__ import annotations
 
@@ -20,10 +27,13 @@ import functools
 import math
 import re
 
+import numpy as np
+
 from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
-_TYPE = re.compile(r"(pred|bf16|f8\w*|[suf]\d+|c\d+|token)\[([\d,]*)\]")
+_TYPE = re.compile(r"(pred|bf16|f8\w*|[suf]\d+|c\d+|token)\[([\d,]*)\](\{[^}]*\})?")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 _ITEM_BYTES = {"pred": 1, "bf16": 2, "token": 0}
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _ATTR = {
@@ -53,6 +63,7 @@ class Kernel:
     bytes: float  # read and written in device memory, per run of the kernel
     dtype: str  # operand dtype of its matmuls ("" when it has none)
     source: str  # the JAX op it came from
+    loop: str = ""  # the body of the innermost while loop it runs in ("" outside loops)
 
     def seconds(self, target) -> float:
         """Its floor: the slower of its FLOPs at the target's peak for its dtype and its bytes at
@@ -74,10 +85,15 @@ def bitonic_passes(n: int, tile: int = SORT_TILE) -> int:
     return 1 + sum(i - tiled + 2 for i in range(tiled, stages))
 
 
-def type_bytes(text: str) -> int:
-    """Bytes of an HLO type: an array such as bf16[2,128]{1,0}, or a tuple of them."""
+def type_bytes(text: str, on_chip_too: bool = False) -> int:
+    """Bytes in device memory of an HLO type: an array such as bf16[2,128]{1,0}, or a tuple of
+    them; arrays in another memory space (a TPU's on-chip memory: {1,0:T(8,128)S(1)}) count 0
+    unless `on_chip_too`."""
     total = 0
-    for dtype, dims in _TYPE.findall(text):
+    for dtype, dims, layout in _TYPE.findall(text):
+        space = _MEMORY_SPACE.search(layout)
+        if space and space.group(1) != "0" and not on_chip_too:
+            continue
         size = math.prod(int(d) for d in dims.split(",") if d)
         total += size * _ITEM_BYTES.get(dtype, max(int(re.sub(r"\D", "", dtype) or 8) // 8, 1))
     return total
@@ -126,11 +142,22 @@ class Instruction:
         return [c.strip().lstrip("%") for c in match.group(1).split(",")] if match else []
 
 
-class Program:
-    """A compiled program's text, parsed: its computations and every instruction by name."""
+@dataclasses.dataclass
+class Loop:
+    body: str  # its body computation
+    source: str  # the JAX op it came from
+    trips: int  # iterations per run of the program, the loops around it included
+    known: bool  # whether its trip count was read (else it counts as 1)
+    matmul: bool  # whether it holds a matmul (the recurrence: the LSTM time loops)
 
-    def __init__(self, hlo_text: str):
+
+class Program:
+    """A compiled program's text, parsed: its computations and every instruction by name.
+    `platform` is the target's ("cuda" or "tpu")."""
+
+    def __init__(self, hlo_text: str, platform: str = "cuda"):
         self.text = hlo_text
+        self.platform = platform
         self.computations = {
             name: [Instruction(line) for line in lines if _DEFINITION.match(line)]
             for name, lines in computations(hlo_text).items()
@@ -146,28 +173,124 @@ class Program:
         return self.defs[name].type if name in self.defs else self.entry_params.get(name, "")
 
     def kernels(self) -> list[Kernel]:
-        found: list[Kernel] = []
-        self._walk(self.entry, 1, False, found)
-        return found
+        return list(self._walked[0])
 
-    def _walk(self, computation: str, runs: int, in_matmul_loop: bool, found: list[Kernel]) -> None:
+    def loops(self) -> list[Loop]:
+        """Every while loop that runs, in the order the program reaches it."""
+        return list(self._walked[1])
+
+    @functools.cached_property
+    def _walked(self) -> tuple[list[Kernel], list[Loop]]:
+        kernels: list[Kernel] = []
+        loops: list[Loop] = []
+        self._walk(self.entry, 1, None, kernels, loops)
+        return kernels, loops
+
+    def _walk(self, computation: str, runs: int, loop: Loop | None, kernels: list[Kernel], loops: list[Loop]) -> None:
         for inst in self.computations.get(computation, []):
             op = inst.opcode
             if op in FREE_OPS or op.endswith("-done") or 'custom_call_target="AllocateBuffer"' in inst.attrs:
                 continue
             if op == "while":
-                trips = _TRIPS.search(inst.attrs)
-                n = int(trips.group(1)) if trips else 1
+                trips = self.trips(inst)
                 body = inst.called("body")[0]
-                matmul_loop = in_matmul_loop or self._has_matmul(body)
-                self._walk(body, runs * n, matmul_loop, found)
-                if not trips:  # with a known trip count the GPU runtime does not run the condition
-                    self._walk(inst.called("condition")[0], runs * (n + 1), matmul_loop, found)
+                inner = Loop(
+                    body,
+                    self._source(inst),
+                    runs * (trips or 1),
+                    trips is not None,
+                    bool(loop and loop.matmul) or self._has_matmul(body),
+                )
+                loops.append(inner)
+                self._walk(body, inner.trips, inner, kernels, loops)
+                if trips is None:  # with a known trip count the GPU runtime does not run the condition
+                    self._walk(inst.called("condition")[0], runs * 2, inner, kernels, loops)
             elif op in CONTROL_OPS:
                 for callee in inst.called("to_apply") + inst.called("branch_computations"):
-                    self._walk(callee, runs, in_matmul_loop, found)
-            else:
-                found.append(self._kernel(inst, runs, in_matmul_loop))
+                    self._walk(callee, runs, loop, kernels, loops)
+            elif not (self.platform == "tpu" and self._scalar(inst)):
+                kernels.append(self._kernel(inst, runs, loop))
+
+    def _scalar(self, inst: Instruction) -> bool:
+        """Whether an instruction is scalar arithmetic outside fusions: its result and operands
+        are all rank 0 (on a TPU, its scalar unit's work)."""
+        types = [inst.type] + [self.type(o) for o in inst.operands]
+        return inst.opcode not in ("fusion", "custom-call") and all(
+            not dims for text in types for _, dims, _ in _TYPE.findall(text)
+        )
+
+    # -- trip counts ----------------------------------------------------------------------------
+    def trips(self, loop: Instruction) -> int | None:
+        """Iterations of a while loop: XLA's known_trip_count, else read from its counter (a
+        tuple element that starts at a constant, that the body adds a constant to and that the
+        condition compares with a constant); None when neither is there."""
+        known = _TRIPS.search(loop.attrs)
+        if known:
+            return int(known.group(1))
+        condition = self.computations.get(loop.called("condition")[0], [])
+        root = next((i for i in condition if i.line.lstrip().startswith("ROOT")), None)
+        if root is None or root.opcode != "compare" or len(root.operands) != 2:
+            return None
+        direction = re.search(r"direction=(\w+)", root.attrs).group(1)
+        (a, b), flipped = root.operands, {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
+        if self._element(a) is None:
+            a, b, direction = b, a, flipped.get(direction, direction)
+        index, limit = self._element(a), self._constant(b)
+        body = self.computations.get(loop.called("body")[0], [])
+        body_root = next((i for i in body if i.line.lstrip().startswith("ROOT")), None)
+        start = self.defs.get(loop.operands[0]) if loop.operands else None
+        if index is None or limit is None or body_root is None or start is None or start.opcode != "tuple":
+            return None
+        first, step = self._constant(start.operands[index]), self._increment(body_root.operands[index], index)
+        if first is None or not step:
+            return None
+        span = (limit - first) * (1 if step > 0 else -1)
+        count = {
+            ("LT", True): -(-span // abs(step)),
+            ("LE", True): span // abs(step) + 1,
+            ("GT", False): -(-span // abs(step)),
+            ("GE", False): span // abs(step) + 1,
+            ("NE", True): span // step if span % step == 0 else None,
+        }.get((direction, step > 0))
+        return None if count is None else max(count, 0)
+
+    def _origin(self, name: str) -> Instruction | None:
+        """The instruction a value comes from, past copies, bitcasts and conversions."""
+        inst = self.defs.get(name)
+        while inst is not None and inst.opcode in ("copy", "bitcast", "convert") and inst.operands:
+            inst = self.defs.get(inst.operands[0])
+        return inst
+
+    def _constant(self, name: str) -> int | None:
+        inst = self._origin(name)
+        value = re.search(r"constant\((-?\d+)\)", inst.line) if inst is not None and inst.opcode == "constant" else None
+        return int(value.group(1)) if value else None
+
+    def _element(self, name: str) -> int | None:
+        """The index of the loop state's element that a value is (get-tuple-element of a
+        parameter), else None."""
+        inst = self._origin(name)
+        if inst is None or inst.opcode != "get-tuple-element" or inst.operands[0] not in self.defs:
+            return None
+        if self.defs[inst.operands[0]].opcode != "parameter":
+            return None
+        return int(re.search(r"index=(\d+)", inst.attrs).group(1))
+
+    def _increment(self, name: str, index: int) -> int | None:
+        """The constant a loop body adds to element `index` of its state, when its next value
+        (`name`) is that element plus a constant."""
+        inst = self._origin(name)
+        if inst is None or inst.opcode not in ("add", "subtract") or len(inst.operands) != 2:
+            return None
+        a, b = inst.operands
+        if self._element(a) != index:
+            if inst.opcode == "subtract":
+                return None
+            a, b = b, a
+        value = self._constant(b)
+        if self._element(a) != index or value is None:
+            return None
+        return -value if inst.opcode == "subtract" else value
 
     @functools.cache  # noqa: B019 (one Program per compiled text)
     def _has_matmul(self, computation: str) -> bool:
@@ -179,18 +302,19 @@ class Program:
                 return True
         return False
 
-    def _kernel(self, inst: Instruction, runs: int, in_matmul_loop: bool) -> Kernel:
+    def _kernel(self, inst: Instruction, runs: int, loop: Loop | None) -> Kernel:
         flops, dtype = self._flops(inst)
         source = self._source(inst)
         if re.match(r"(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)", inst.opcode):
             part = "collectives"
-        elif in_matmul_loop:
+        elif loop is not None and loop.matmul:
             part = "LSTM loops"
         else:
             scopes = re.findall(r"[\w]+", source)
             part = next((p for p in PARTS if p in scopes), "other")
         runs *= self._sort_passes(inst)
-        return Kernel(inst.name, inst.opcode, part, runs, flops, self._bytes(inst), dtype, source)
+        loop_body = loop.body if loop else ""
+        return Kernel(inst.name, inst.opcode, part, runs, flops, self._bytes(inst), dtype, source, loop_body)
 
     def _sort_passes(self, inst: Instruction) -> int:
         """Kernels a sort takes (`bitonic_passes` of its length), 1 for any other instruction."""
@@ -247,10 +371,30 @@ class Program:
             dims = dict(_DIMS.findall(inst.attrs))
             contracted = math.prod(_dims(lhs)[int(d)] for d in dims.get("lhs_contracting_dims", "").split(",") if d)
             return 2.0 * math.prod(_dims(inst.type)) * contracted, _dtype(lhs)
-        labels = _DIM_LABELS.search(inst.attrs)
-        kernel = _dims(self.type(inst.operands[1]))
-        out_features = kernel[labels.group(2).index("o")] if labels else 1
-        return 2.0 * math.prod(_dims(inst.type)) * math.prod(kernel) / out_features, _dtype(lhs)
+        return 2.0 * self._convolution_products(inst), _dtype(lhs)
+
+    def _convolution_products(self, inst: Instruction) -> int:
+        """Multiplications of a convolution: for each output element, its kernel's input
+        features times the window's taps that meet the input (not its padding, nor the holes
+        of a dilated input)."""
+        lhs_labels, kernel_labels, out_labels = _DIM_LABELS.search(inst.attrs).groups()
+        lhs, kernel, out = _dims(self.type(inst.operands[0])), _dims(self.type(inst.operands[1])), _dims(inst.type)
+        attribute = re.search(r"window=\{([^}]*)\}", inst.attrs)
+        window = dict(re.findall(r"(\w+)=([\d_x-]+)", attribute.group(1))) if attribute else {}
+        spatial = sorted(c for c in out_labels if c.isdigit())
+        products = out[out_labels.index("b")] * out[out_labels.index("f")] * kernel[kernel_labels.index("i")]
+        for i, d in enumerate(spatial):
+
+            def field(key, default, i=i):
+                return int(window[key].split("x")[i].split("_")[0]) if key in window else default
+
+            n, m = lhs[lhs_labels.index(d)], out[out_labels.index(d)]
+            size, stride, low = field("size", 1), field("stride", 1), field("pad", 0)
+            dilate, kernel_dilate = field("lhs_dilate", 1), field("rhs_dilate", 1)
+            position = np.arange(m)[:, None] * stride + np.arange(size)[None, :] * kernel_dilate - low
+            meets = (position >= 0) & (position <= (n - 1) * dilate) & (position % dilate == 0)
+            products *= int(meets.sum())
+        return products
 
     def _conv_flops(self, inst: Instruction, kind: str) -> tuple[float, str]:
         """cuDNN convolutions: 2 x (output positions) x (kernel size / output features), read
@@ -269,26 +413,29 @@ class Program:
             result = _TYPE.search(result).group(0)  # the result, not the library's scratch space
         if inst.opcode == "fusion-start":  # an async fusion: ((operands), result, context)
             result = tuple_elements(result)[1]
+        if inst.opcode == "copy-start":  # a DMA: (destination, source, context)
+            result = tuple_elements(result)[0]
         if inst.opcode in IN_PLACE:
-            update = inst.operands[IN_PLACE[inst.opcode]]
-            rest = [o for o in inst.operands[1:] if o != update]
-            return 2.0 * type_bytes(self.type(update)) + sum(type_bytes(self.type(o)) for o in rest)
+            update = self.type(inst.operands[IN_PLACE[inst.opcode]])
+            rest = [o for o in inst.operands[1:] if o != inst.operands[IN_PLACE[inst.opcode]]]
+            written = type_bytes(update, on_chip_too=True) if type_bytes(self.type(inst.operands[0])) else 0
+            return float(type_bytes(update) + written + sum(type_bytes(self.type(o)) for o in rest))
         callee = inst.called("calls")
         if inst.opcode not in ("fusion", "fusion-start") or not callee:
             return float(type_bytes(result) + sum(type_bytes(self.type(o)) for o in inst.operands))
         reads, in_place, written = self._fused_access(callee[0])
         total = 0.0
         for i, operand in enumerate(inst.operands):
-            if i in in_place:
-                continue
-            total += reads.get(i, type_bytes(self.type(operand)))
+            whole = type_bytes(self.type(operand))  # 0 in on-chip memory
+            total += (in_place[i] if i in in_place else reads.get(i, whole)) if whole else 0.0
         return total + (written if written is not None else type_bytes(result))
 
     @functools.cache  # noqa: B019
-    def _fused_access(self, computation: str) -> tuple[dict[int, float], set[int], float | None]:
-        """For a fused computation: bytes read of each parameter that is only sliced, the
-        parameters updated in place, and the bytes written when its result is such an update
-        (None: the whole result)."""
+    def _fused_access(self, computation: str) -> tuple[dict[int, float], dict[int, float], float | None]:
+        """For a fused computation: bytes read of each parameter that is only sliced; the
+        parameters updated in place, each with the bytes written into it; and, when its result
+        is such an update, the bytes written into buffers that are not parameters (None: the
+        whole result)."""
         body = self.computations[computation]
         by_name = {i.name: i for i in body}
         params = {
@@ -316,24 +463,25 @@ class Program:
         root = next(i for i in body if i.line.lstrip().startswith("ROOT"))
         outputs = [by_name[o] for o in root.operands] if root.opcode == "tuple" else [root]
         outputs = [by_name.get(origin(o.name), o) for o in outputs]
-        in_place, written = set(), 0.0
+        in_place, written = {}, 0.0
         if outputs and all(o.opcode in IN_PLACE for o in outputs):
             for o in outputs:
-                buffer = origin(o.operands[0])
+                buffer, update = origin(o.operands[0]), type_bytes(self.type(o.operands[IN_PLACE[o.opcode]]), True)
                 if buffer in params:
-                    in_place.add(params[buffer])
-                written += type_bytes(self.type(o.operands[IN_PLACE[o.opcode]]))
+                    in_place[params[buffer]] = in_place.get(params[buffer], 0.0) + update
+                else:
+                    written += update
         reads = {}
         for name, index in params.items():
             uses = through_views(name)
             if uses and all(u.opcode in SLICING_OPS and u.operands[0] == n for u, n in uses):
-                reads[index] = float(sum(type_bytes(u.type) for u, _ in uses))
+                reads[index] = float(sum(type_bytes(u.type, True) for u, _ in uses))
         # Results that are slices of values computed here: only the elements they keep are
         # computed, so each parameter is read in that share (a reduction's operands too).
         if outputs and all(o.opcode == "slice" and origin(o.operands[0]) not in params for o in outputs):
-            share = max(type_bytes(o.type) / type_bytes(self.type(o.operands[0])) for o in outputs)
+            share = max(type_bytes(o.type, True) / type_bytes(self.type(o.operands[0]), True) for o in outputs)
             for name, index in params.items():
-                reads.setdefault(index, share * type_bytes(by_name[name].type))
+                reads.setdefault(index, share * type_bytes(by_name[name].type, True))
         return reads, in_place, (written if in_place else None)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Callable
 
@@ -14,7 +15,15 @@ import ml_collections
 from elmo_jax.errors import UserError
 from elmo_jax.plan.targets import Target
 
-INSTALL = "pip install 'elmo_jax[plan]' (Python 3.12 or newer)"
+INSTALL = "pip install 'elmo_jax[plan]' (Python 3.12 or newer; TPUs: on Linux)"
+
+
+class DoesNotFit(UserError):
+    """A TPU's compiler refused the program: it needs more than the chip's memory."""
+
+    def __init__(self, message: str, needs_bytes: int):
+        super().__init__(message)
+        self.needs_bytes = needs_bytes
 
 
 @dataclasses.dataclass
@@ -43,20 +52,23 @@ def memory_of(compiled) -> dict[str, int]:
 
 def quiet_accelerator_plugins() -> None:
     """Before JAX starts its backends: run on the CPU here, so that an installed GPU plugin does
-    not look for a GPU, CUDA and cuDNN, which a deviceless compile does not need."""
+    not look for a GPU, CUDA and cuDNN, which a deviceless compile does not need, and so that
+    libtpu, which takes a lock on the TPU for one process, lets several plans compile at once."""
     import jax
 
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def abstract_devices(target: Target, devices: int) -> list:
     """`devices` abstract devices of the target, to lay a program out on."""
     from jax.experimental import topologies
 
+    slice_ = target.topology(devices)
     try:
-        return list(topologies.get_topology_desc(**target.topology(devices)).devices)
+        return list(topologies.get_topology_desc(**slice_).devices)
     except (NotImplementedError, RuntimeError, ValueError) as e:
         raise UserError(
             f"target={target.name}: JAX cannot compile for {target.platform} on this machine ({e}); {INSTALL}",
@@ -94,10 +106,29 @@ def compile_train_step(
         batch = parallel.abstract_batch(rows, T, words, model.char_cnn.max_characters_per_token)
         step = make_train_step(model, hp, parallel, jax.tree.map(lambda a: a.sharding, state))
         start = time.perf_counter()
-        compiled = step.lower(state, batch).compile()
+        compiled = compile_within_memory(step.lower(state, batch), target, per_device_batch)
         seconds = time.perf_counter() - start
         lstm_schedule = schedule(model)
     return CompiledStep(compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds)
+
+
+def compile_within_memory(lowered, target: Target, per_device_batch: int):
+    """The lowered program compiled; DoesNotFit where the compiler says it needs more memory
+    than the target has (XLA's TPU compiler does, with the bytes it needs; the GPU's compiles
+    and memory_analysis tells)."""
+    import jax
+
+    try:
+        return lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        needed = re.search(r"required for HLO temporaries \(([\d.]+)G\)", str(e))
+        needs_bytes = int(float(needed.group(1)) * 2**30) if needed else target.memory_bytes + 1
+        raise DoesNotFit(
+            f"{per_device_batch} rows per device do not fit on {target.name}: {str(e).splitlines()[0]}",
+            max(needs_bytes, target.memory_bytes + 1),
+        ) from None
 
 
 def largest_batch(

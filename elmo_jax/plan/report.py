@@ -28,10 +28,10 @@ def estimate(step: CompiledStep, target: Target) -> dict:
     shapes (each kernel: max(FLOPs / peak for its dtype, bytes / bandwidth) + one launch);
     the collectives send their ring algorithms' bytes over the link (`wire_bytes`), not
     overlapped."""
-    kernels = Program(step.hlo).kernels()
+    program = Program(step.hlo, target.platform)
+    kernels = program.kernels()
     local = [k for k in kernels if k.part != "collectives"]
     totals = summarize(local, target)
-    loops = hlo.loops(step.hlo)
     comm = hlo.communication_bytes(step.hlo)
     n = step.devices
     comm_s = sum(wire_bytes(kind, size, n) for kind, size in comm.items()) / target.link_bytes_per_s
@@ -49,15 +49,16 @@ def estimate(step: CompiledStep, target: Target) -> dict:
         "compile_s": round(step.compile_s, 1),
         "kernels": {
             "per_step": sum(k.runs for k in kernels),
-            "outside_loops": sum(1 for k in kernels if k.runs == 1),
+            "outside_loops": sum(k.runs for k in kernels if not k.loop),
             "loops": [
                 {
-                    "source": loop["source"],
-                    "trips": (loop["trip_count"] or 0) * loop["outer_trips"],
-                    "kernels_per_iteration": sum(loop["ops"].values()),
-                    "matmul": loop["matmul"],
+                    "source": loop.source,
+                    "trips": loop.trips,
+                    "trips_known": loop.known,
+                    "kernels_per_iteration": sum(k.runs for k in kernels if k.loop == loop.body) // loop.trips,
+                    "matmul": loop.matmul,
                 }
-                for loop in loops
+                for loop in program.loops()
             ],
         },
         "memory": {**step.memory, "needs": step.needs_bytes, "capacity": int(capacity)},
@@ -82,7 +83,7 @@ def describe(result: dict, target: Target) -> list[str]:
     m, k = r["memory"], r["kernels"]
     loops = "; ".join(
         f"{loop['trips']} x {loop['kernels_per_iteration']} ({_scope(loop['source'])}"
-        f"{', matmuls' if loop['matmul'] else ''})"
+        f"{', matmuls' if loop['matmul'] else ''}{'' if loop['trips_known'] else ', trip count unknown: once'})"
         for loop in sorted(k["loops"], key=lambda loop: -loop["trips"] * loop["kernels_per_iteration"])
     )
     lines = [
@@ -132,7 +133,7 @@ def estimate_embed(compiled: CompiledEmbed, target: Target) -> dict:
 
     programs = {}
     for name, (text, memory) in compiled.programs.items():
-        kernels = Program(text).kernels()
+        kernels = Program(text, target.platform).kernels()
         totals = summarize(kernels, target)["total"]
         programs[name] = {
             "kernels": totals["kernels"],

@@ -26,13 +26,6 @@ class Target:
     gpu: dict | None = None  # XLA's GpuTargetConfig fields (SMs, clock, L2, compute capability)
     tpu_topologies: dict[int, str] | None = None  # chips -> topology name
 
-    @property
-    def programs_read(self) -> bool:
-        """Whether `plan` reads this target's compiled programs: GPUs'. TPU programs compile here
-        too (with libtpu), but their loops' trip counts, their memory and their fused matmuls
-        are written otherwise and are not read yet."""
-        return self.platform == "cuda"
-
     def peak(self, dtype: str) -> float:
         return self.peak_flops["bf16" if dtype in ("bf16", "f16") else "f32"]
 
