@@ -56,7 +56,7 @@ def test_help_lists_the_commands_and_every_flag_of_each():
         (["train", "--config=nosuch", "--workdir=w"], ["--config=nosuch: not a packaged experiment", "demo"]),
         (["plot", "--workdir=w", "--nosuchflag=1"], ["Unknown command line flag 'nosuchflag'"]),
         (["plot", "--workdir=w", "extra"], ["unexpected arguments extra", "usage: launch.py plot"]),
-        (["plan", "--config=demo", "--target=v5e", "--devices=3"], ["--devices=3: v5e slices here have [1, 4, 8] chips"]),
+        (["plan", "--config=demo", "--target=v5e", "--devices=3"], ["--devices=3: v5e slices here have [1, 4, 8]"]),
     ],
 )
 @pytest.mark.launches

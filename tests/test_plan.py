@@ -44,9 +44,10 @@ def _plan_demo(folder, devices: int, target: str = "h200") -> tuple[dict, str]:
     program = folder / "step.hlo"
     args = ["plan", "--config=demo", f"--target={target}", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
     args += [f"--hlo={program}", "--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
-    result = run_cli(args)
+    result = run_cli(args, {"XDG_CACHE_HOME": str(folder / "cache")})
     assert result.returncode == 0, result.stderr
     assert f"{TARGETS[target].description} x {devices}, 32 rows per device" in result.stdout
+    assert not list(folder.glob("cache/**/*-cache"))  # a program without its device cannot be loaded again
     return json.loads(result.stdout.strip().splitlines()[-1]), program.read_text()
 
 
