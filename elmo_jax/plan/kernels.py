@@ -9,16 +9,18 @@ unknown); not an uninitialised buffer's allocation (AllocateBuffer), nor, on a T
 arithmetic outside fusions (the loop counters: its scalar unit runs them beside the kernels).
 A loop's trip count is XLA's (known_trip_count) or, where the program does not write it (TPU
 programs), read from its counter: the constant it starts from, the constant it is compared
-with in the condition and the constant the body adds to it. Its bytes are its
-operands plus its result, except where it touches less: an operand that the fusion only slices
-is counted as the slices it reads, a fusion whose results slice what it computes as that share
-of its operands, and a buffer updated in place (dynamic-update-slice, scatter) as the update
-written; only arrays in device memory count (a TPU keeps many in its on-chip memory,
-memory space S(1), and prefetches them there with DMAs). An async fusion (fusion-start,
-fusion-done) is one kernel, counted as the fusion it wraps. Elementwise arithmetic is not counted in
-FLOPs (a few per byte: memory-bound anyway). A convolution counts the multiplications of its
-window that meet the input, not padding nor the holes of a dilated input (TPU programs write
-batched matmuls and weight gradients as such convolutions)."""
+with in the condition and the constant the body adds to it.
+
+A kernel's bytes are its operands plus its results, except where it touches less: an operand
+that the fusion only slices (itself or in a fusion nested in it) counts as the slices it reads;
+a fusion whose results slice what it computes reads that share of its operands; a buffer
+updated in place (dynamic-update-slice, scatter) counts as the update written, whatever other
+results the fusion has. Only arrays in device memory count (a TPU keeps many in its on-chip
+memory, memory space S(1), and moves them there and back with DMAs). An async fusion
+(fusion-start, fusion-done) is one kernel, counted as the fusion it wraps. Elementwise
+arithmetic is not counted in FLOPs (a few per byte: memory-bound anyway). A convolution counts
+the multiplications of its window that meet the input, not padding nor the holes of a dilated
+input (TPU programs write batched matmuls and weight gradients as such convolutions)."""
 
 from __future__ import annotations
 
@@ -428,14 +430,17 @@ class Program:
         for i, operand in enumerate(inst.operands):
             whole = type_bytes(self.type(operand))  # 0 in on-chip memory
             total += (in_place[i] if i in in_place else reads.get(i, whole)) if whole else 0.0
-        return total + (written if written is not None else type_bytes(result))
+        results = tuple_elements(result) if result.startswith("(") else [result]
+        if len(results) != len(written):
+            return total + type_bytes(result)
+        return total + sum(type_bytes(r) if w is None else w for r, w in zip(results, written, strict=True))
 
     @functools.cache  # noqa: B019
-    def _fused_access(self, computation: str) -> tuple[dict[int, float], dict[int, float], float | None]:
+    def _fused_access(self, computation: str) -> tuple[dict[int, float], dict[int, float], list[float | None]]:
         """For a fused computation: bytes read of each parameter that is only sliced; the
-        parameters updated in place, each with the bytes written into it; and, when its result
-        is such an update, the bytes written into buffers that are not parameters (None: the
-        whole result)."""
+        parameters updated in place, each with the bytes written into it; and for each of its
+        results the bytes it writes besides those: an update of a buffer that is not a
+        parameter, what it updates; an update of a parameter, 0; any other result, None (whole)."""
         body = self.computations[computation]
         by_name = {i.name: i for i in body}
         params = {
@@ -463,26 +468,39 @@ class Program:
         root = next(i for i in body if i.line.lstrip().startswith("ROOT"))
         outputs = [by_name[o] for o in root.operands] if root.opcode == "tuple" else [root]
         outputs = [by_name.get(origin(o.name), o) for o in outputs]
-        in_place, written = {}, 0.0
-        if outputs and all(o.opcode in IN_PLACE for o in outputs):
-            for o in outputs:
-                buffer, update = origin(o.operands[0]), type_bytes(self.type(o.operands[IN_PLACE[o.opcode]]), True)
-                if buffer in params:
-                    in_place[params[buffer]] = in_place.get(params[buffer], 0.0) + update
-                else:
-                    written += update
+        in_place, written = {}, []
+        for o in outputs:
+            if o.opcode not in IN_PLACE:
+                written.append(None)
+                continue
+            buffer, update = origin(o.operands[0]), type_bytes(self.type(o.operands[IN_PLACE[o.opcode]]), True)
+            if buffer in params:
+                in_place[params[buffer]] = in_place.get(params[buffer], 0.0) + update
+            written.append(0.0 if buffer in params else update)
+
+        def sliced(use: Instruction, name: str) -> float | None:
+            """Bytes a use reads of `name` where it reads only slices of it (itself, or a fusion
+            nested in this one that slices it), else None."""
+            if use.opcode in SLICING_OPS:
+                return float(type_bytes(use.type, True)) if use.operands[0] == name else None
+            if use.opcode != "fusion" or not use.called("calls"):
+                return None
+            nested = self._fused_access(use.called("calls")[0])[0]
+            at = [i for i, o in enumerate(use.operands) if o == name]
+            return sum(nested[i] for i in at) if all(i in nested for i in at) else None
+
         reads = {}
         for name, index in params.items():
-            uses = through_views(name)
-            if uses and all(u.opcode in SLICING_OPS and u.operands[0] == n for u, n in uses):
-                reads[index] = float(sum(type_bytes(u.type, True) for u, _ in uses))
+            uses = [sliced(u, n) for u, n in through_views(name)]
+            if uses and None not in uses:
+                reads[index] = sum(uses)
         # Results that are slices of values computed here: only the elements they keep are
         # computed, so each parameter is read in that share (a reduction's operands too).
         if outputs and all(o.opcode == "slice" and origin(o.operands[0]) not in params for o in outputs):
             share = max(type_bytes(o.type, True) / type_bytes(self.type(o.operands[0]), True) for o in outputs)
             for name, index in params.items():
                 reads.setdefault(index, share * type_bytes(by_name[name].type, True))
-        return reads, in_place, (written if in_place else None)
+        return reads, in_place, written
 
 
 def summarize(kernels: list[Kernel], target) -> dict:
