@@ -467,3 +467,20 @@ def test_a_slot_written_beside_another_result_and_a_slot_read_by_a_nested_fusion
     write, read = Program(SLOTS, "tpu").kernels()
     assert write.bytes == 4 * 256 * 4 + 4  # the slot written and its index; the cell state stays on chip
     assert read.bytes == 256 * 1024 * 2 + 4 * 1024 * 2 + 4  # the weights, one slot of the gates, its index
+
+
+DMA = (
+    "ENTRY %e (w: f32[2048,2048]) -> f32[512,2048] {\n"
+    "  %state_params__token_encoder__w = f32[2048,2048]{1,0:T(8,128)} parameter(0)\n"
+    "  %dma = ((f32[2048,2048]{1,0:T(8,128)}), f32[512,2048]{1,0:T(8,128)S(1)}, s32[]{:S(2)}) "
+    "slice-start(%state_params__token_encoder__w), slice={[0:512], [0:2048]}\n"
+    "  ROOT %slice-done.1 = f32[512,2048]{1,0:T(8,128)S(1)} slice-done(%dma)\n"
+    "}\n"
+)
+
+
+def test_a_dma_of_a_slice_reads_the_slice_for_the_part_whose_array_it_moves():
+    """libtpu moves a quarter of a highway weight into on-chip memory: 4 MB read from HBM (not
+    the 16 MB array twice), counted with the token encoder, whose parameter it is."""
+    (dma,) = Program(DMA, "tpu").kernels()
+    assert (dma.opcode, dma.bytes, dma.part) == ("slice-start", 512 * 2048 * 4, "token_encoder")

@@ -312,7 +312,7 @@ class Program:
         elif loop is not None and loop.matmul:
             part = "LSTM loops"
         else:
-            scopes = re.findall(r"[\w]+", source)
+            scopes = re.split(r"[^a-z0-9_]+|__", source)  # a parameter's name: state_params__token_encoder__...
             part = next((p for p in PARTS if p in scopes), "other")
         runs *= self._sort_passes(inst)
         loop_body = loop.body if loop else ""
@@ -329,7 +329,9 @@ class Program:
         return bitonic_passes(_dims(self.type(sort.operands[0]))[dimension])
 
     def _source(self, inst: Instruction) -> str:
-        """The JAX op a kernel came from: its own, or the first one named inside a fusion."""
+        """The JAX op a kernel came from: its own, or the first one named inside a fusion; for
+        a DMA (which names none), that of what it moves, or the parameter's name (the train
+        state's leaf)."""
         found = _OP_NAME.search(inst.attrs)
         if found:
             return found.group(1)
@@ -338,6 +340,11 @@ class Program:
                 found = _OP_NAME.search(inner.attrs)
                 if found:
                     return found.group(1)
+        if inst.opcode in ("copy-start", "slice-start") and inst.operands:
+            moved = self.defs.get(inst.operands[0])
+            if moved is None or moved.opcode == "parameter":
+                return inst.operands[0]
+            return self._source(moved)
         return ""
 
     # -- FLOPs --------------------------------------------------------------------------------
@@ -417,6 +424,10 @@ class Program:
             result = tuple_elements(result)[1]
         if inst.opcode == "copy-start":  # a DMA: (destination, source, context)
             result = tuple_elements(result)[0]
+        if inst.opcode == "slice-start":  # a DMA of a slice: ((source), slice, sync flag)
+            piece = tuple_elements(result)[1]
+            read = type_bytes(piece, on_chip_too=True) if type_bytes(self.type(inst.operands[0])) else 0
+            return float(read + type_bytes(piece))
         if inst.opcode in IN_PLACE:
             update = self.type(inst.operands[IN_PLACE[inst.opcode]])
             rest = [o for o in inst.operands[1:] if o != inst.operands[IN_PLACE[inst.opcode]]]
