@@ -193,6 +193,8 @@ class Program:
             op = inst.opcode
             if op in FREE_OPS or op.endswith("-done") or 'custom_call_target="AllocateBuffer"' in inst.attrs:
                 continue
+            if op == "custom-call-start" and not inst.operands:  # an offload's context; its update works
+                continue
             if op == "while":
                 trips = self.trips(inst)
                 body = inst.called("body")[0]
@@ -331,7 +333,7 @@ class Program:
     def _source(self, inst: Instruction) -> str:
         """The JAX op a kernel came from: its own, or the first one named inside a fusion; for
         a DMA (which names none), that of what it moves, or the parameter's name (the train
-        state's leaf)."""
+        state's leaf); for an offload's update, its start's."""
         found = _OP_NAME.search(inst.attrs)
         if found:
             return found.group(1)
@@ -340,7 +342,7 @@ class Program:
                 found = _OP_NAME.search(inner.attrs)
                 if found:
                     return found.group(1)
-        if inst.opcode in ("copy-start", "slice-start") and inst.operands:
+        if inst.opcode in ("copy-start", "slice-start", "custom-call-update") and inst.operands:
             moved = self.defs.get(inst.operands[0])
             if moved is None or moved.opcode == "parameter":
                 return inst.operands[0]
@@ -424,6 +426,8 @@ class Program:
             result = tuple_elements(result)[1]
         if inst.opcode == "copy-start":  # a DMA: (destination, source, context)
             result = tuple_elements(result)[0]
+        if inst.opcode == "custom-call-update":  # an offload to a SparseCore: ((operands), results, context)
+            return float(self._offload_bytes(inst, tuple_elements(result)[1]))
         if inst.opcode == "slice-start":  # a DMA of a slice: ((source), slice, sync flag)
             piece = tuple_elements(result)[1]
             read = type_bytes(piece, on_chip_too=True) if type_bytes(self.type(inst.operands[0])) else 0
@@ -445,6 +449,19 @@ class Program:
         if len(results) != len(written):
             return total + type_bytes(result)
         return total + sum(type_bytes(r) if w is None else w for r, w in zip(results, written, strict=True))
+
+    def _offload_bytes(self, update: Instruction, results: str) -> int:
+        """Bytes of a SparseCore's gather (the rows it reads of the table, written out, and its
+        indices) or scatter (its updates and indices read, as many bytes written), else its
+        operands and results."""
+        start = self.defs.get(update.operands[0])
+        kind = re.search(r'"offload":"OFFLOAD_(\w+)"', start.attrs) if start else None
+        operands = [type_bytes(self.type(o)) for o in update.operands[1:]]
+        if kind and kind.group(1) == "GATHER":
+            return 2 * type_bytes(results) + sum(operands[1:])
+        if kind and kind.group(1) == "SCATTER":
+            return sum(operands[1:]) + operands[-1]
+        return type_bytes(results) + sum(operands)
 
     @functools.cache  # noqa: B019
     def _fused_access(self, computation: str) -> tuple[dict[int, float], dict[int, float], list[float | None]]:
