@@ -332,22 +332,23 @@ class Program:
 
     def _source(self, inst: Instruction) -> str:
         """The JAX op a kernel came from: its own, or the first one named inside a fusion; for
-        a DMA (which names none), that of what it moves, or the parameter's name (the train
-        state's leaf); for an offload's update, its start's."""
-        found = _OP_NAME.search(inst.attrs)
-        if found:
-            return found.group(1)
-        for callee in inst.called("calls"):
-            for inner in self.computations.get(callee, []):
-                found = _OP_NAME.search(inner.attrs)
-                if found:
-                    return found.group(1)
-        if inst.opcode in ("copy-start", "slice-start", "custom-call-update") and inst.operands:
+        one that names none (DMAs, copies, an offload's update), that of its first operand, back
+        to the parameter's name (the train state's leaf: state_params__lstm__...)."""
+        while True:
+            found = _OP_NAME.search(inst.attrs)
+            if found:
+                return found.group(1)
+            for callee in inst.called("calls"):
+                for inner in self.computations.get(callee, []):
+                    found = _OP_NAME.search(inner.attrs)
+                    if found:
+                        return found.group(1)
+            if not inst.operands:
+                return ""
             moved = self.defs.get(inst.operands[0])
             if moved is None or moved.opcode == "parameter":
                 return inst.operands[0]
-            return self._source(moved)
-        return ""
+            inst = moved
 
     # -- FLOPs --------------------------------------------------------------------------------
     def _flops(self, inst: Instruction) -> tuple[float, str]:
