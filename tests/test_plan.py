@@ -118,6 +118,19 @@ def test_a_program_larger_than_a_tpu_does_not_fit():
     assert refused.value.needs_bytes >= 80_000**2 * 4 > v5e.memory_bytes  # at least the outer product
 
 
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_each_target_is_the_chip_jax_names(name):
+    """A target's description is the device_kind of its abstract chips, by which a measured run
+    (benchmarks/speed/throughput.py) finds the estimate to print beside it."""
+    _need_plugin(tpu=TARGETS[name].platform == "tpu")
+    from elmo_jax.plan.program import abstract_devices, quiet_accelerator_plugins
+    from elmo_jax.plan.targets import for_device_kind
+
+    quiet_accelerator_plugins()
+    (chip,) = abstract_devices(TARGETS[name], 1)
+    assert chip.device_kind == TARGETS[name].description and for_device_kind(chip.device_kind) is TARGETS[name]
+
+
 @pytest.mark.slow
 def test_no_lstm_weight_is_converted_inside_a_loop(planned):
     """The bfloat16 weights are cast once per step, before the loops, not at every iteration:
