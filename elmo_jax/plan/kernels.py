@@ -7,9 +7,7 @@ of a called computation, that launches work: a fusion, a library call (cuBLAS, c
 a sort, a collective, a DMA (copy-start) (a loop's condition only where its trip count is
 unknown); not an uninitialised buffer's allocation (AllocateBuffer), nor, on a TPU, scalar
 arithmetic outside fusions (the loop counters: its scalar unit runs them beside the kernels).
-A loop's trip count is XLA's (known_trip_count) or, where the program does not write it (TPU
-programs), read from its counter: the constant it starts from, the constant it is compared
-with in the condition and the constant the body adds to it.
+A loop's trip count is read by `trips.trip_count`.
 
 A kernel's bytes are its operands plus its results, except where it touches less: an operand
 that the fusion only slices (itself or in a fusion nested in it) counts as the slices it reads;
@@ -32,17 +30,12 @@ import re
 import numpy as np
 
 from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
+from elmo_jax.plan.instruction import DEFINITION, Instruction
+from elmo_jax.plan.trips import trip_count
 
-_DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
 _TYPE = re.compile(r"(pred|bf16|f8\w*|[suf]\d+|c\d+|token)\[([\d,]*)\](\{[^}]*\})?")
 _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 _ITEM_BYTES = {"pred": 1, "bf16": 2, "token": 0}
-_OPERAND = re.compile(r"%([\w.\-]+)")
-_ATTR = {
-    name: re.compile(rf"\b{name}=\{{?%?([\w.\-, %]+?)\}}?(?:,|$| )")
-    for name in ("calls", "body", "condition", "to_apply", "branch_computations")
-}
-_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _DIMS = re.compile(r"\b(lhs_contracting_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
@@ -111,39 +104,6 @@ def _dtype(text: str) -> str:
     return match.group(1) if match else ""
 
 
-def _closing(text: str, depth: int) -> int:
-    """The index in `text` of the parenthesis that closes `depth` open ones (the first one's,
-    when `text` starts with it)."""
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0:
-            return i
-    return len(text)
-
-
-class Instruction:
-    """One line of HLO: name, result type, opcode, operand names and the rest."""
-
-    def __init__(self, line: str):
-        self.line = line
-        definition = _DEFINITION.match(line)
-        self.name = definition.group(1)
-        rest = line[definition.end() :]
-        if rest.startswith("("):  # a tuple type
-            end = _closing(rest, 0)
-            self.type, rest = rest[: end + 1], rest[end + 1 :].lstrip()
-        else:
-            self.type, _, rest = rest.partition(" ")
-        self.opcode, _, args = rest.partition("(")
-        end = _closing(args, 1)
-        self.operands = _OPERAND.findall(args[:end])
-        self.attrs = args[end + 1 :]
-
-    def called(self, attr: str) -> list[str]:
-        match = _ATTR[attr].search(self.attrs)
-        return [c.strip().lstrip("%") for c in match.group(1).split(",")] if match else []
-
-
 @dataclasses.dataclass
 class Loop:
     body: str  # its body computation
@@ -161,7 +121,7 @@ class Program:
         self.text = hlo_text
         self.platform = platform
         self.computations = {
-            name: [Instruction(line) for line in lines if _DEFINITION.match(line)]
+            name: [Instruction(line) for line in lines if DEFINITION.match(line)]
             for name, lines in computations(hlo_text).items()
         }
         self.defs = {i.name: i for body in self.computations.values() for i in body}
@@ -196,7 +156,7 @@ class Program:
             if op == "custom-call-start" and not inst.operands:  # an offload's context; its update works
                 continue
             if op == "while":
-                trips = self.trips(inst)
+                trips = trip_count(inst, self.defs, self.computations)
                 body = inst.called("body")[0]
                 inner = Loop(
                     body,
@@ -222,79 +182,6 @@ class Program:
         return inst.opcode not in ("fusion", "custom-call") and all(
             not dims for text in types for _, dims, _ in _TYPE.findall(text)
         )
-
-    # -- trip counts ----------------------------------------------------------------------------
-    def trips(self, loop: Instruction) -> int | None:
-        """Iterations of a while loop: XLA's known_trip_count, else read from its counter (a
-        tuple element that starts at a constant, that the body adds a constant to and that the
-        condition compares with a constant); None when neither is there."""
-        known = _TRIPS.search(loop.attrs)
-        if known:
-            return int(known.group(1))
-        condition = self.computations.get(loop.called("condition")[0], [])
-        root = next((i for i in condition if i.line.lstrip().startswith("ROOT")), None)
-        if root is None or root.opcode != "compare" or len(root.operands) != 2:
-            return None
-        direction = re.search(r"direction=(\w+)", root.attrs).group(1)
-        (a, b), flipped = root.operands, {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
-        if self._element(a) is None:
-            a, b, direction = b, a, flipped.get(direction, direction)
-        index, limit = self._element(a), self._constant(b)
-        body = self.computations.get(loop.called("body")[0], [])
-        body_root = next((i for i in body if i.line.lstrip().startswith("ROOT")), None)
-        start = self.defs.get(loop.operands[0]) if loop.operands else None
-        if index is None or limit is None or body_root is None or start is None or start.opcode != "tuple":
-            return None
-        first, step = self._constant(start.operands[index]), self._increment(body_root.operands[index], index)
-        if first is None or not step:
-            return None
-        span = (limit - first) * (1 if step > 0 else -1)
-        count = {
-            ("LT", True): -(-span // abs(step)),
-            ("LE", True): span // abs(step) + 1,
-            ("GT", False): -(-span // abs(step)),
-            ("GE", False): span // abs(step) + 1,
-            ("NE", True): span // step if span % step == 0 else None,
-        }.get((direction, step > 0))
-        return None if count is None else max(count, 0)
-
-    def _origin(self, name: str) -> Instruction | None:
-        """The instruction a value comes from, past copies, bitcasts and conversions."""
-        inst = self.defs.get(name)
-        while inst is not None and inst.opcode in ("copy", "bitcast", "convert") and inst.operands:
-            inst = self.defs.get(inst.operands[0])
-        return inst
-
-    def _constant(self, name: str) -> int | None:
-        inst = self._origin(name)
-        value = re.search(r"constant\((-?\d+)\)", inst.line) if inst is not None and inst.opcode == "constant" else None
-        return int(value.group(1)) if value else None
-
-    def _element(self, name: str) -> int | None:
-        """The index of the loop state's element that a value is (get-tuple-element of a
-        parameter), else None."""
-        inst = self._origin(name)
-        if inst is None or inst.opcode != "get-tuple-element" or inst.operands[0] not in self.defs:
-            return None
-        if self.defs[inst.operands[0]].opcode != "parameter":
-            return None
-        return int(re.search(r"index=(\d+)", inst.attrs).group(1))
-
-    def _increment(self, name: str, index: int) -> int | None:
-        """The constant a loop body adds to element `index` of its state, when its next value
-        (`name`) is that element plus a constant."""
-        inst = self._origin(name)
-        if inst is None or inst.opcode not in ("add", "subtract") or len(inst.operands) != 2:
-            return None
-        a, b = inst.operands
-        if self._element(a) != index:
-            if inst.opcode == "subtract":
-                return None
-            a, b = b, a
-        value = self._constant(b)
-        if self._element(a) != index or value is None:
-            return None
-        return -value if inst.opcode == "subtract" else value
 
     @functools.cache  # noqa: B019 (one Program per compiled text)
     def _has_matmul(self, computation: str) -> bool:
