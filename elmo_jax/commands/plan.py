@@ -44,13 +44,14 @@ def _train_step(flags: FlagValues, target, devices: int) -> tuple[list[str], dic
     def compile_at(batch: int):
         return compile_train_step(flags.config, target, devices, batch, flags.vocab_size)
 
+    step = compile_at(rows)
+
     def needs(batch: int) -> int:
         try:
             return compile_at(batch).needs_bytes
-        except DoesNotFit as e:  # a TPU's compiler refuses a program larger than the chip's memory
-            return e.needs_bytes
+        except DoesNotFit as e:  # libtpu refuses a program whose temporaries exceed the chip's memory,
+            return e.needs_bytes + step.needs_bytes - step.memory["temp"]  # with the arguments and outputs
 
-    step = compile_at(rows)
     result = estimate(step, target)
     if flags.fit:
         known = {rows: step.needs_bytes}

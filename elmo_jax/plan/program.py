@@ -19,7 +19,8 @@ INSTALL = "pip install 'elmo_jax[plan]' (Python 3.12 or newer; TPUs: on Linux)"
 
 
 class DoesNotFit(UserError):
-    """A TPU's compiler refused the program: it needs more than the chip's memory."""
+    """A TPU's compiler refused the program: its temporaries alone (`needs_bytes`, as libtpu
+    reports them) exceed the chip's memory."""
 
     def __init__(self, message: str, needs_bytes: int):
         super().__init__(message)
