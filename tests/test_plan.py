@@ -106,9 +106,8 @@ def test_a_program_larger_than_a_tpu_does_not_fit():
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.plan.program import DoesNotFit, abstract_devices, compile_within_memory, quiet_accelerator_plugins
+    from elmo_jax.plan.program import DoesNotFit, abstract_devices, compile_within_memory
 
-    quiet_accelerator_plugins()
     v5e = TARGETS["v5e"]
     on_chip = jax.sharding.SingleDeviceSharding(abstract_devices(v5e, 1)[0])
     words = jax.ShapeDtypeStruct((80_000,), jnp.float32, sharding=on_chip)
@@ -123,10 +122,9 @@ def test_each_target_is_the_chip_jax_names(name):
     """A target's description is the device_kind of its abstract chips, by which a measured run
     (benchmarks/speed/throughput.py) finds the estimate to print beside it."""
     _need_plugin(tpu=TARGETS[name].platform == "tpu")
-    from elmo_jax.plan.program import abstract_devices, quiet_accelerator_plugins
+    from elmo_jax.plan.program import abstract_devices
     from elmo_jax.plan.targets import for_device_kind
 
-    quiet_accelerator_plugins()
     (chip,) = abstract_devices(TARGETS[name], 1)
     assert chip.device_kind == TARGETS[name].description and for_device_kind(chip.device_kind) is TARGETS[name]
 

@@ -53,22 +53,26 @@ def memory_of(compiled) -> dict[str, int]:
 
 def quiet_accelerator_plugins() -> None:
     """Before JAX starts its backends: run on the CPU here, so that an installed GPU plugin does
-    not look for a GPU, CUDA and cuDNN, which a deviceless compile does not need, and so that
-    libtpu, which takes a lock on the TPU for one process, lets several plans compile at once.
-    Without the persistent compilation cache: a program compiled without its device cannot be
-    loaded from it (JAX warns and compiles again), so each entry would be megabytes for nothing."""
+    not look for a GPU, CUDA and cuDNN, which a deviceless compile does not need. Without the
+    persistent compilation cache: a program compiled without its device cannot be loaded from
+    it (JAX warns and compiles again), so each entry would be megabytes for nothing."""
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # libtpu looks for the TPU host it runs on (the cloud's metadata server, the slice's workers)
-    # and prints screens of warnings where there is none: this host alone, nothing to ask.
-    alone = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
-    for name, value in alone.items():
-        os.environ.setdefault(name, value)
+
+
+# libtpu without a TPU: its lock on the TPU is for one process (several plans compile at once
+# here), and it looks for the TPU host it runs on (the cloud's metadata server, the slice's
+# workers), printing screens of warnings where there is none: this host alone, nothing to ask.
+_LIBTPU_ALONE = {
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_HOST_BOUNDS": "1,1,1",
+}
 
 
 def abstract_devices(target: Target, devices: int) -> list:
@@ -76,6 +80,9 @@ def abstract_devices(target: Target, devices: int) -> list:
     from jax.experimental import topologies
 
     slice_ = target.topology(devices)
+    if target.platform == "tpu":  # before libtpu starts
+        for name, value in _LIBTPU_ALONE.items():
+            os.environ.setdefault(name, value)
     try:
         return list(topologies.get_topology_desc(**slice_).devices)
     except (NotImplementedError, RuntimeError, ValueError) as e:
