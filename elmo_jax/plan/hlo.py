@@ -13,7 +13,7 @@ import numpy as np
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][\w\-]*)\(")
 _WHILE = re.compile(r"\swhile\(.*?\bcondition=%?([\w.\-]+), body=%?([\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _MATMUL = re.compile(r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__onednn\$matmul)")
@@ -74,7 +74,7 @@ def loops(hlo_text: str) -> list[dict]:
         for line in lines:
             match = _WHILE.search(line)
             if match:
-                trips, source = _TRIP_COUNT.search(line), _OP_NAME.search(line)
+                trips, source = KNOWN_TRIP_COUNT.search(line), _OP_NAME.search(line)
                 parent_of[match.group(2)] = (
                     name,
                     int(trips.group(1)) if trips else None,

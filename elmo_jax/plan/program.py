@@ -140,7 +140,7 @@ def compile_within_memory(lowered, target: Target, per_device_batch: int):
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         needed = re.search(r"required for HLO temporaries \(([\d.]+)G\)", str(e))
-        needs_bytes = int(float(needed.group(1)) * 2**30) if needed else target.memory_bytes + 1
+        needs_bytes = int(float(needed.group(1)) * 2**30) if needed else 0
         raise DoesNotFit(
             f"{per_device_batch} rows per device do not fit on {target.name}: {str(e).splitlines()[0]}",
             max(needs_bytes, target.memory_bytes + 1),

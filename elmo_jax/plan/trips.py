@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import re
 
+from elmo_jax.plan.hlo import KNOWN_TRIP_COUNT
 from elmo_jax.plan.instruction import Instruction
 
 Defs = dict[str, Instruction]  # every instruction of the program, by name
 Computations = dict[str, list[Instruction]]  # each computation's instructions, by name
 
-_KNOWN = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _FLIPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
 
 
@@ -20,7 +20,7 @@ def trip_count(loop: Instruction, defs: Defs, computations: Computations) -> int
     """Iterations of the while loop `loop`; None where neither XLA's count nor a counter (a state
     element that starts at a constant, that the body adds a constant to and that the condition
     compares with a constant) is there."""
-    known = _KNOWN.search(loop.attrs)
+    known = KNOWN_TRIP_COUNT.search(loop.attrs)
     if known:
         return int(known.group(1))
     root = _root(computations, loop.called("condition")[0])
