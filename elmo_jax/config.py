@@ -66,6 +66,7 @@ class ModelConfig:
     char_cnn: CharCNNConfig
     compute_dtype: str = TrainSettings.compute_dtype
     lstm_schedule: str = TrainSettings.lstm_schedule
+    lstm_cell: str = TrainSettings.lstm_cell
     scan_unroll: int = TrainSettings.scan_unroll
 
     @classmethod
@@ -107,10 +108,14 @@ class ModelConfig:
                     f"{source}: filter width {width} exceeds "
                     f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
                 )
-        for name in ("compute_dtype", "lstm_schedule", "scan_unroll"):
+        for name in ("compute_dtype", "lstm_schedule", "lstm_cell", "scan_unroll"):
             value, allowed = getattr(self, name), rule(TrainSettings, name)
             if not allowed.ok(value):
                 raise UserError(f"{source}: {name} {value!r} is not {allowed.allowed}")
+        if self.lstm_cell == "pallas" and (self.lstm_schedule != "wavefront" or self.lstm.n_layers < 2):
+            raise UserError(
+                f"{source}: lstm_cell 'pallas' is the wavefront's: it needs lstm_schedule 'wavefront' and 2+ layers"
+            )
         if self.char_cnn.n_characters != N_CHARACTERS:
             raise UserError(f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}")
 

@@ -80,7 +80,11 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
     t = config.train
     model = dataclasses.replace(
-        model, compute_dtype=t.compute_dtype, lstm_schedule=t.lstm_schedule, scan_unroll=t.scan_unroll
+        model,
+        compute_dtype=t.compute_dtype,
+        lstm_schedule=t.lstm_schedule,
+        lstm_cell=t.lstm_cell,
+        scan_unroll=t.scan_unroll,
     )
     model.validate("config.train")
     return model

@@ -24,6 +24,8 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # "layers" (one loop per layer), "auto" (layers on CPU, where it was measured faster for the
 # published sizes, wavefront on accelerators).
 LSTM_SCHEDULES = ("auto", "wavefront", "layers")
+# The LSTM cell's elementwise work in training: XLA's fusions, or our Pallas kernels (elmo_jax/model/cell_kernels.py).
+LSTM_CELLS = ("xla", "pallas")
 # The backward LM's order of sentences in training (elmo_jax/text/batcher.py).
 BACKWARD_ORDERS = ("independent", "shared")
 
@@ -74,6 +76,12 @@ class TrainSettings:
         "auto",
         one_of(LSTM_SCHEDULES),
         "wavefront (all LSTM layers in one time loop), layers (a loop each); auto: layers on CPU, else wavefront",
+    )
+    lstm_cell: str = setting(
+        "xla",
+        one_of(LSTM_CELLS),
+        "the wavefront's training cell: xla (XLA's fusions) or pallas (a kernel of ours a step, forward and "
+        "backward: Triton on GPUs, interpreted on CPUs, none for TPUs; not yet run on a GPU)",
     )
     shard_softmax: bool = setting(False, BOOL, "shard the softmax table by rows over the devices (huge vocabularies)")
     unroll_steps: int = setting(20, count(1), "the window T: time steps per row and step")

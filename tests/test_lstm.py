@@ -180,7 +180,7 @@ def _custom_and_autodiff(n_layers: int, skip: bool, dtype: str):
     the output weights of the loss sum(weights * outputs)."""
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=2)
     cfg = config.lstm
-    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, dtype)
+    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, dtype, "xla")
     stacked = [
         np.stack([params[f"layer_{layer}"][name] for layer in range(n_layers)]) for name in ("W_0", "B", "W_P_0")
     ]
@@ -236,7 +236,7 @@ def test_bfloat16_gradient_is_float32s_within_bfloat16_rounding():
     weights = [normal(1, L, 2, B, T, P), normal(1, L, 2, B, P), normal(1, L, 2, B, C)]
 
     def gradient(dtype, residuals=True):
-        st = _Stack(_Clips(3.0, 3.0), True, 0.0, 1, dtype)
+        st = _Stack(_Clips(3.0, 3.0), True, 0.0, 1, dtype, "xla")
         if residuals:
             layers = lambda W_0, b, *a: _wavefront(with_bias(W_0, b), *a)  # noqa: E731
         else:
@@ -279,3 +279,44 @@ def test_both_schedules_give_the_same_gradients():
     for got, w, s in zip(grads("wavefront")(*args), want, spread):
         assert np.abs(w).max() > 0.1
         assert_within_rounding(got, w, s)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_pallas_cell_computes_what_xlas_does(dtype):
+    """The wavefront's training step with its cell as our Pallas kernels, forward and backward
+    (interpreted here, as everywhere but on GPUs): every layer's outputs, the final state and
+    every gradient equal the XLA cell's, with both clips firing, masked steps, dropout, the residual, and blocks of one
+    row (B = 3) and of a whole cell (C = 8)."""
+    config, params, x, mask, state, keep = random_case(3, True, seed=4)
+    config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
+    rng = np.random.default_rng(5)
+    weights = rng.normal(size=(3, 2) + x.shape[1:]), rng.normal(size=state.h.shape), rng.normal(size=state.c.shape)
+
+    def loss(params, x, state, cell):
+        out, new = lstm_stacks(params, x, mask, state, dataclasses.replace(config, lstm_cell=cell), keep, RATE)
+        return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
+
+    def value_and_grads(cell):
+        return jax.jit(lambda *args: jax.tree.leaves(jax.value_and_grad(loss, argnums=(0, 1, 2))(*args, cell)))
+
+    args = (params, x, state)
+    program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, "pallas")))(*args))
+    assert "lstm_forward_cell" in program and "lstm_backward_cell" in program
+    want, spread = value_and_rounding_spread(value_and_grads("xla"), args)
+    for got, w, s in zip(value_and_grads("pallas")(*args), want, spread, strict=True):
+        assert_within_rounding(got, w, s)
+
+
+def test_the_pallas_cell_is_refused_on_tpus():
+    """Its kernels are Triton's (GPUs): traced for a TPU it says so, rather than running
+    Pallas's interpreter there."""
+    from elmo_jax.errors import UserError
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.cell_kernels import forward_cell
+
+    L, D, B, S, C = 2, 2, 4, 3, 8
+    z, c = jnp.zeros((L, D, B, 4 * C)), jnp.zeros((L, D, B, C))
+    slots = jnp.zeros((L, D, B, S, 4 * C)), jnp.zeros((L, D, B, S, C))
+    forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c, jnp.ones((L, B, S), jnp.int32), *slots, 3.0)  # on this CPU: runs
+    with tracing_for("tpu"), pytest.raises(UserError, match="none for TPUs"):
+        forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c, jnp.ones((L, B, S), jnp.int32), *slots, 3.0)

@@ -37,13 +37,14 @@ def _need_plugin(tpu: bool = False) -> None:
         pytest.skip(missing)
 
 
-def _plan_demo(folder, devices: int, target: str = "h200") -> tuple[dict, str]:
-    """The demo's step in bfloat16, 32 rows on each of `devices` chips of the target: the
-    plan's JSON and the program."""
+def _plan_demo(folder, devices: int, target: str = "h200", settings: tuple[str, ...] = ()) -> tuple[dict, str]:
+    """The demo's step in bfloat16, 32 rows on each of `devices` chips of the target (and
+    `settings`, `key=value` of config.train): the plan's JSON and the program."""
     _need_plugin(tpu=target.startswith("v"))
     program = folder / "step.hlo"
     args = ["plan", "--config=demo", f"--target={target}", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
     args += [f"--hlo={program}", "--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
+    args += [f"--config.train.{setting}" for setting in settings]
     result = run_cli(args, {"XDG_CACHE_HOME": str(folder / "cache")})
     assert result.returncode == 0, result.stderr
     assert f"{TARGETS[target].description} x {devices}, 32 rows per device" in result.stdout
@@ -149,6 +150,40 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
                         )
     assert converted, "no conversion found at all: the loops or the parsing changed"
     assert not [shape for shape in converted if shape in weights]
+
+
+@pytest.mark.slow
+@pytest.mark.launches
+def test_the_pallas_cell_is_one_kernel_a_step_counted_as_what_it_touches(tmp_path, planned):
+    """With lstm_cell=pallas each LSTM loop runs the cell as one Triton kernel where XLA's takes
+    three (forward: the activations' slot written, the cell updated, its slot written; backward:
+    the cell's gradient, the gates' gradient, its slot written): two kernels fewer an iteration
+    each way, the same matmuls, no copy of a buffer. Each counts the bytes it declares, not the
+    slots' buffers whole, which it is passed: forward, the gates read, their activations written
+    into their slot, the cell read and written in place and into its slot, the projection's
+    operand written; backward, that operand's gradient and the slot's activations read, the
+    cells of two slots read, the cell's gradient read and written in place, the gates' gradient
+    written into its slot and for the matmul."""
+    xla, _ = planned
+    plan, text = _plan_demo(tmp_path, 1, settings=("lstm_schedule=wavefront", "lstm_cell=pallas"))
+    kernels = Program(text).kernels()
+    rows, bf16, f32 = L * D * B, 2, 4
+    touched = {
+        "lstm_forward_cell": rows * 4 * C * (bf16 + bf16) + rows * C * (f32 + f32 + f32 + bf16) + L * D * 4 * C * f32,
+        "lstm_backward_cell": rows * C * (bf16 + 2 * f32 + 2 * f32) + rows * 4 * C * (bf16 + 2 * bf16),
+    }
+    for name, bytes_ in touched.items():
+        cells = [k for k in kernels if name in k.source]
+        assert len(cells) == 1 and cells[0].runs == T + L - 1 and cells[0].loop
+        assert cells[0].bytes == bytes_ + rows * 4  # and each row's mask
+        assert not [
+            k for k in kernels if k.loop == cells[0].loop and k.opcode == "copy" and k.bytes > 2 * f32 * rows * P
+        ]
+    loops = [loop["kernels_per_iteration"] for loop in plan["kernels"]["loops"] if loop["matmul"]]
+    assert loops == [
+        n - 2 for n in (loop["kernels_per_iteration"] for loop in xla["kernels"]["loops"] if loop["matmul"])
+    ]
+    assert plan["parts"]["LSTM loops"]["flops"] == xla["parts"]["LSTM loops"]["flops"]
 
 
 @pytest.mark.slow

@@ -53,6 +53,19 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, text_data, key, valu
     assert not (tmp_path / "run").exists()  # refused before the workdir was made
 
 
+def test_the_pallas_cell_needs_the_wavefront_of_several_layers(text_data):
+    """The Pallas cell is the wavefront's (its loop runs all layers at once): asked for with
+    another schedule, it is refused by name, not silently replaced by XLA's cell."""
+    config = tiny_config(text_data)
+    with config.unlocked():
+        config.train.lstm_cell = "pallas"
+    with pytest.raises(UserError, match="lstm_cell 'pallas' is the wavefront's"):
+        validate(config)
+    with config.unlocked():
+        config.train.lstm_schedule = "wavefront"
+    validate(config)
+
+
 # config.json as elmo_jax wrote it for the demo experiment before every setting had one home
 # (commit 3a78e93; the vocabulary and environment records left out).
 SAVED_DEMO = json.loads(
@@ -81,7 +94,8 @@ def test_config_json_of_earlier_versions_loads_as_it_ran(tmp_path, predated):
     (tmp_path / "config.json").write_text(json.dumps(saved))
     config = Workdir(tmp_path).saved_config()
     validate(config)
-    assert config.to_dict() == {**base_config(SAVED_DEMO["model"]).to_dict(), **SAVED_DEMO}
+    want = base_config(SAVED_DEMO["model"]).to_dict()  # settings added since (lstm_cell): their defaults
+    assert config.to_dict() == {section: {**want[section], **values} for section, values in SAVED_DEMO.items()}
     hp = train_settings(config, 5000)
     assert hp == TrainSettings(**saved["train"], n_tokens_vocab=5000)  # each saved key is still a setting
     assert (hp.per_device_batch_size, hp.dropout, hp.n_epochs, hp.sample_softmax) == (32, 0.0, 1.3, True)

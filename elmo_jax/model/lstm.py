@@ -17,7 +17,8 @@ Two schedules of the layers, the same numbers (`ModelConfig.lstm_schedule`):
   schedule where reading weights bounds the loop (this CPU at the published sizes).
 
 Both run `_wavefront` (a single layer is a wavefront of one); its gradient is written by hand
-and runs the same diagonal backwards.
+and runs the same diagonal backwards. With several layers, the training step's cell can run as
+Pallas kernels of our own, one a step each way (`ModelConfig.lstm_cell`, `cell_kernels`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
-from elmo_jax.model.matmul import einsum
+from elmo_jax.model.cell_kernels import GATES, backward_cell, forward_cell
+from elmo_jax.model.matmul import einsum, rounded_einsum
 
 
 class LSTMState(NamedTuple):
@@ -82,15 +84,10 @@ class _Clips(NamedTuple):
 
 
 def _gate_constants(C: int) -> tuple[np.ndarray, ...]:
-    """Per gate column (4C,): the four activations [sigmoid(i), tanh(j), sigmoid(f + 1),
-    sigmoid(o)] as one tanh, act = scale * tanh(slope * z + offset) + shift
-    (sigmoid(x) = tanh(x / 2) / 2 + 1 / 2)."""
-    is_tanh = np.arange(4 * C) // C == 1
-    slope = np.where(is_tanh, 1.0, 0.5).astype(np.float32)
-    offset = np.where(np.arange(4 * C) // C == 2, 0.5, 0.0).astype(np.float32)  # the forget bias +1
-    scale = slope  # 1/2 for the sigmoids (tanh(x / 2) / 2 + 1 / 2), 1 for tanh(j)
-    shift = np.where(is_tanh, 0.0, 0.5).astype(np.float32)
-    return slope, offset, scale, shift
+    """Per gate column (4C,): slope, offset, scale and shift of the activations as one tanh,
+    act = scale * tanh(slope * z + offset) + shift, scale = slope (`cell_kernels.GATES`)."""
+    slope, offset, shift = np.repeat(np.array(GATES, np.float32), C, axis=0).T
+    return slope, offset, slope, shift
 
 
 class _Stack(NamedTuple):
@@ -101,6 +98,7 @@ class _Stack(NamedTuple):
     dropout: float  # the rate of `keep`, the dropout on layers >= 1's inputs
     unroll: int
     dtype: str
+    cell: str  # "xla" or "pallas": the training step's cell as kernels of our own (`cell_kernels`)
 
 
 def _slots_like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
@@ -193,6 +191,9 @@ def _wave_forward(
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
+    # The training step's cell as kernels of our own (`cell_kernels`): loops of several layers.
+    own_cell = residuals and L > 1 and st.cell == "pallas"
+    ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
 
     def step(s, carry):
         h, c, buffers = carry
@@ -209,22 +210,28 @@ def _wave_forward(
                 upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
             rows = jnp.concatenate([inputs, h], axis=-1)
-            z = einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype, rounded=True) + b[:, :, None]
-        acts = scale * jnp.tanh(slope * z + offset) + shift
-        if residuals:  # saved first and read back: the pass that computes them writes them there once,
-            # and the cell uses the values the backward pass reads (with bfloat16 matmuls, rounded:
-            # the training forward differs from inference's by that rounding)
-            buffers = (buffers[0], _put_slot(buffers[1], s, acts.astype(buffers[1].dtype)), *buffers[2:])
-            acts = _at_slot(buffers[1], s).astype(jnp.float32)
-        si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-        c_raw = sf * c + si * tj
-        c_new = _clip(c_raw, st.clips.cell)
-        h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
-        h_new = _clip(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
+        if own_cell:  # the new cell masked and saved by the kernel
+            z = rounded_einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype)
+            acts, c_buffer, c, a = forward_cell(s, z, b, c, ran_LBS, *buffers[1:3], st.clips.cell)
+            buffers = (buffers[0], acts, c_buffer, *buffers[3:])
+        else:
+            if L > 1:
+                z = einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype, rounded=True) + b[:, :, None]
+            acts = scale * jnp.tanh(slope * z + offset) + shift
+            if residuals:  # saved first and read back: the pass that computes them writes them there once,
+                # and the cell uses the values the backward pass reads (with bfloat16 matmuls, rounded:
+                # the training forward differs from inference's by that rounding)
+                buffers = (buffers[0], _put_slot(buffers[1], s, acts.astype(buffers[1].dtype)), *buffers[2:])
+                acts = _at_slot(buffers[1], s).astype(jnp.float32)
+            si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+            c_new = _clip(sf * c + si * tj, st.clips.cell)
+            a, c = so * jnp.tanh(c_new), jnp.where(m, c_new, c)
+        h_raw = einsum("ldbc,ldcp->ldbp", a, W_proj_loop, st.dtype)
+        h_new = _clip(h_raw, st.clips.proj)
         out = _layer_outputs(h_new, inputs, m, skip_L)
-        h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
-        saved = (h, None, c) + ((out,) if L > 1 else ()) if residuals else (out,)
+        h = jnp.where(m, h_new, h)
+        saved = (h, None, None if own_cell else c) + ((out,) if L > 1 else ()) if residuals else (out,)
         buffers = tuple(buf if v is None else _put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
@@ -286,6 +293,8 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
+    own_cell = L > 1 and st.cell == "pallas"  # as the forward's (`cell_kernels`)
+    ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
 
     def output_gradients(s, d_h, d_above):
         """Slot s's gradient of the layers' outputs and of their unclipped projections. Where
@@ -301,19 +310,26 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         # this step's, computed by the step before (in the pass that computes d_h), in the
         # compute dtype that its matmul and its save slot take.
         d_h, d_c, d_above, d_h_raw, buffers = carry
-        acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
-        c_new = _at_slot(c_LDBSC, s)
-        c_prev = jnp.where(s == 0, c0, _at_slot(c_LDBSC, jnp.maximum(s - 1, 0)))
         m = mask_LBS[:, None, :, s, None]
-        si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-        tc = jnp.tanh(c_new)
-        d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
-        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
-        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
-        tanh_of_acts = (acts - shift) / scale
-        d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
-        d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
-        saved = (d_gates, d_h_raw)
+        if own_cell:  # the gates' gradient written into its slot by the kernel
+            d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype)
+            d_gates_slots, d_gates, d_c_prev = backward_cell(
+                i, d_a, d_c, c0, ran_LBS, acts_LDBSG, c_LDBSC, buffers[0], st.clips.cell
+            )
+            buffers, saved = (d_gates_slots, *buffers[1:]), (None, d_h_raw)
+        else:
+            acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
+            c_new = _at_slot(c_LDBSC, s)
+            c_prev = jnp.where(s == 0, c0, _at_slot(c_LDBSC, jnp.maximum(s - 1, 0)))
+            si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+            tc = jnp.tanh(c_new)
+            d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
+            d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
+            d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
+            tanh_of_acts = (acts - shift) / scale
+            d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
+            d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
+            saved = (d_gates, d_h_raw)
         if L == 1:  # the input gradient is one matmul after the loop
             d_h_prev = einsum("ldbg,ldpg->ldbp", d_gates, W_loop, st.dtype) + jnp.where(m, 0.0, d_h)
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
@@ -323,7 +339,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
             d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
             d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
             saved += (d_in[:1],)
-        buffers = tuple(_put_slot(buf, s, v.astype(buf.dtype)) for buf, v in zip(buffers, saved))
+        buffers = tuple(buf if v is None else _put_slot(buf, s, v.astype(buf.dtype)) for buf, v in zip(buffers, saved))
         d_h_raw = output_gradients(jnp.maximum(s - 1, 0), d_h_prev, d_above)[1].astype(st.dtype)  # unused after slot 0
         return d_h_prev, d_c_prev, d_above, d_h_raw, buffers
 
@@ -404,6 +420,7 @@ def lstm_stacks(
         dropout,
         config.scan_unroll,
         config.compute_dtype,
+        config.lstm_cell,
     )
     groups = (
         [range(cfg.n_layers)]

@@ -23,8 +23,16 @@ def result_type(dtype: str):
 def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32", rounded: bool = False) -> jax.Array:
     """The product in `dtype`, float32 out. `rounded`: its result rounded to `dtype` first, as
     XLA on CPU always rounds it (half the bytes written and read where the result is large)."""
-    result = dtype if rounded else result_type(dtype)
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result).astype(jnp.float32)
+    if rounded:
+        return rounded_einsum(spec, x, w, dtype).astype(jnp.float32)
+    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(
+        jnp.float32
+    )
+
+
+def rounded_einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str) -> jax.Array:
+    """The product in `dtype` (float32 accumulation), its result in `dtype`."""
+    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=dtype)
 
 
 def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:

@@ -29,6 +29,7 @@ import re
 
 import numpy as np
 
+from elmo_jax.model.cell_kernels import BYTES_KEY
 from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
 from elmo_jax.plan.instruction import DEFINITION, Instruction
 from elmo_jax.plan.trips import trip_count
@@ -40,6 +41,9 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _DIMS = re.compile(r"\b(lhs_contracting_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _CONV_TARGET = re.compile(r'custom_call_target="__cudnn\$conv(\w*)"')
+# The bytes a Pallas kernel of the model declares in its custom call's metadata (JSON, its quotes
+# written \22 in the program's text).
+_DECLARED_BYTES = re.compile(re.escape(BYTES_KEY) + r"\\22:\s*\\22(\d+)\\22")
 CONTROL_OPS = {"while", "conditional", "call"}
 SLICING_OPS = {"slice", "dynamic-slice", "gather"}
 IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # ops that update operand 0 in place: their update operand
@@ -307,6 +311,9 @@ class Program:
 
     # -- bytes --------------------------------------------------------------------------------
     def _bytes(self, inst: Instruction) -> float:
+        declared = _DECLARED_BYTES.search(inst.attrs) if inst.opcode == "custom-call" else None
+        if declared:  # a kernel of ours, which reads and writes parts of its operands and results
+            return float(declared.group(1))
         result = self.type(inst.name)
         if inst.opcode == "custom-call" and result.startswith("("):
             result = _TYPE.search(result).group(0)  # the result, not the library's scratch space

@@ -1,0 +1,210 @@
+"""The LSTM cell of the wavefront's training step as Pallas kernels of our own
+(`lstm_cell="pallas"`), one a step forward and one a step backward, where XLA's fusions of the
+same arithmetic take three kernels each and write each save slot with a copy of its own:
+
+- forward: the gate activations from the gates' matmul result, written to their save slot, the
+  cell update, the carried and saved cell, and the projection's operand o * tanh(c);
+- backward: the cell's gradient and the gates' gradient, written to its save slot and as the
+  operand of the matmul that carries it back.
+
+On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the
+same numbers as the XLA cell (`lstm._wave_forward`, `lstm._wavefront_bwd`). Save slots are whole
+buffers passed through (`input_output_aliases`) and written at the step's slot in place; each
+kernel declares the bytes it reads and writes in its custom call's metadata (`BYTES_KEY`), which
+`elmo_jax.plan` reads. A grid program handles a block of rows (of one layer and direction) and
+of the cell's columns, the four gates of those columns together.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.errors import UserError
+from elmo_jax.model.backend import backend
+
+# Per gate i, j, f, o: (slope, offset, shift) of act = slope * tanh(slope * z + offset) + shift,
+# the four activations [sigmoid(i), tanh(j), sigmoid(f + 1), sigmoid(o)] as one tanh
+# (sigmoid(x) = tanh(x / 2) / 2 + 1 / 2; the +1 forget bias as the offset 1/2).
+GATES = ((0.5, 0.0, 0.5), (1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, 0.0, 0.5))
+BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
+_BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its columns C (powers of 2)
+
+
+class _Block:
+    """Where grid program (i, k) works: its rows and columns of the (L * D * B, C) cell arrays,
+    the slot s (the loop's counter, or S - 1 - it where the loop counts down), and which rows ran
+    at s (the mask (L, B, S) of its rows' layer)."""
+
+    def __init__(self, counter_ref, mask_ref, n_rows: int, n_columns: int, B: int, D: int, down: bool):
+        from jax.experimental import pallas as pl
+
+        i, k = pl.program_id(0), pl.program_id(1)
+        first = i * n_rows
+        self.s = mask_ref.shape[2] - 1 - counter_ref[0] if down else counter_ref[0]
+        self.rows, self.columns = pl.ds(first, n_rows), pl.ds(k * n_columns, n_columns)
+        self.ran = mask_ref[first // (D * B), pl.ds(first % B, n_rows), self.s][:, None] != 0
+
+
+def _clip(x, value):
+    return x if value is None else jnp.clip(x, -value, value)
+
+
+def _forward_kernel(
+    s_ref, z_ref, b_ref, c_ref, mask_ref, _acts, _cells, acts_ref, cells_ref, c_out_ref, a_ref, *, clip, B, D
+):
+    at = _Block(s_ref, mask_ref, *c_ref.shape, B, D, down=False)
+    acts = []
+    for g, (slope, offset, shift) in enumerate(GATES):
+        z = z_ref[:, g, :].astype(jnp.float32) + b_ref[0, g, :][None, :]
+        act = (slope * jnp.tanh(slope * z + offset) + shift).astype(acts_ref.dtype)
+        acts_ref[at.rows, at.s, g, at.columns] = act
+        acts.append(act.astype(jnp.float32))  # the values the backward pass reads back
+    si, tj, sf, so = acts
+    c = c_ref[...]
+    c_new = _clip(sf * c + si * tj, clip)
+    c_kept = jnp.where(at.ran, c_new, c)
+    c_out_ref[...] = c_kept
+    cells_ref[at.rows, at.s, at.columns] = c_kept
+    a_ref[...] = (so * jnp.tanh(c_new)).astype(a_ref.dtype)
+
+
+def _backward_kernel(
+    i_ref, d_a_ref, d_c_ref, c0_ref, mask_ref, acts_ref, cells_ref, _d_gates, d_slots_ref, d_gates_ref, d_c_out_ref,
+    *, clip, B, D,
+):  # fmt: skip
+    at = _Block(i_ref, mask_ref, *d_c_ref.shape, B, D, down=True)
+    acts = [acts_ref[at.rows, at.s, g, at.columns].astype(jnp.float32) for g in range(4)]
+    si, tj, sf, so = acts
+    c_new = cells_ref[at.rows, at.s, at.columns]
+    c_prev = jax.lax.cond(
+        at.s == 0, lambda: c0_ref[...], lambda: cells_ref[at.rows, jnp.maximum(at.s - 1, 0), at.columns]
+    )
+    d_a, d_c = d_a_ref[...].astype(jnp.float32), d_c_ref[...]
+    tc = jnp.tanh(c_new)
+    d_c_raw = jnp.where(at.ran, d_c, 0.0) + d_a * so * (1.0 - tc * tc)
+    if clip is not None:
+        d_c_raw = jnp.where(jnp.abs(c_new) < clip, d_c_raw, 0.0)
+    d_acts = (d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc)
+    for g, ((slope, _, shift), act, d_act) in enumerate(zip(GATES, acts, d_acts, strict=True)):
+        tanh_of_act = (act - shift) / slope
+        d_gate = (d_act * slope * slope * (1.0 - tanh_of_act * tanh_of_act)).astype(d_gates_ref.dtype)
+        d_gates_ref[:, g, :] = d_gate
+        d_slots_ref[at.rows, at.s, g, at.columns] = d_gate
+    d_c_out_ref[...] = d_c_raw * sf + jnp.where(at.ran, 0.0, d_c)
+
+
+def _like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStruct:
+    """An output of `shape` as device-varying as x (under shard_map)."""
+    return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
+
+
+def _call(
+    kernel, name: str, counter, blocked, whole, out_shape, out_blocked, aliases, touched: int, mask_LBS, clip, B, D
+):
+    """pallas_call of `kernel` over blocks of (R, C): inputs the loop's counter, `blocked` (R, C) or (R, 4, C)
+    cut into blocks, the mask (L, B, S), `whole` (passed whole: read or written at slot s);
+    outputs `out_shape`, those with `out_blocked` cut into blocks."""
+    from jax.experimental import pallas as pl
+
+    if backend() == "tpu":
+        raise UserError("lstm_cell='pallas' has kernels for GPUs (Triton), none for TPUs: use lstm_cell='xla'")
+    R, C = blocked[0].shape[0], blocked[0].shape[-1]
+    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS)
+
+    def spec(x):
+        if len(x.shape) == 2:
+            return pl.BlockSpec((n_rows, n_columns), lambda i, k: (i, k))
+        if x.shape[0] == R:
+            return pl.BlockSpec((n_rows, 4, n_columns), lambda i, k: (i, 0, k))
+        return pl.BlockSpec((1, 4, n_columns), lambda i, k: (i * n_rows // B, 0, k))  # the rows' layer and direction
+
+    call = pl.pallas_call(
+        functools.partial(kernel, clip=clip, B=B, D=D),
+        out_shape=out_shape,
+        grid=(R // n_rows, C // n_columns),
+        in_specs=(pl.BlockSpec((1,), lambda i, k: (0,)), *map(spec, blocked), *[pl.no_block_spec] * (1 + len(whole))),
+        out_specs=tuple(spec(o) if blocked_ else pl.no_block_spec for o, blocked_ in zip(out_shape, out_blocked)),
+        input_output_aliases=aliases,
+        interpret=backend() != "gpu",
+        name=name,
+        metadata={BYTES_KEY: json.dumps(int(touched))},
+    )
+    return call(jnp.reshape(counter, (1,)).astype(jnp.int32), *blocked, mask_LBS, *whole)
+
+
+def _bytes(shape: tuple[int, ...], dtype) -> int:
+    return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, clip: float | None):
+    """Step s of the wavefront's training forward: gates z (L, D, B, 4C) in the compute dtype
+    (the matmul's rounded result, without the bias b (L, D, 4C)), the carried cell (L, D, B, C),
+    the mask (L, B, S) int32, and the save slots of the activations (L, D, B, S, 4C, compute
+    dtype) and of the cell (L, D, B, S, C) -> (the slots with slot s written, the new carried cell
+    (the old where the step did not run), the projection's operand o * tanh(c) (L, D, B, C) in the
+    compute dtype)."""
+    L, D, B, G = z_LDBG.shape
+    C, S, R, dtype = G // 4, acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
+    z, c = z_LDBG.reshape(R, 4, C), c_LDBC.reshape(R, C)
+    # z and b read, c read and written, the activations', the cell's slot and a written, the mask's rows
+    touched = _bytes(z.shape, z.dtype) + _bytes(b_LDG.shape, b_LDG.dtype) + 2 * _bytes(c.shape, c.dtype)
+    touched += _bytes(z.shape, dtype) + _bytes(c.shape, c_LDBSC.dtype) + _bytes(c.shape, dtype) + R * 4
+    acts, cells, c_new, a = _call(
+        _forward_kernel,
+        "lstm_forward_cell",
+        s,
+        (z, b_LDG.reshape(L * D, 4, C), c),
+        (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C)),
+        (_like(acts_LDBSG, (R, S, 4, C)), _like(c_LDBSC, (R, S, C)), _like(c, (R, C)), _like(z, (R, C), dtype)),
+        (False, False, True, True),
+        {5: 0, 6: 1, 3: 2},  # the slots; c's block read, then written: in place
+        touched,
+        mask_LBS,
+        clip,
+        B,
+        D,
+    )
+    return (
+        acts.reshape(acts_LDBSG.shape),
+        cells.reshape(c_LDBSC.shape),
+        c_new.reshape(c_LDBC.shape),
+        a.reshape(c_LDBC.shape),
+    )
+
+
+def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, clip: float | None):
+    """Step s = S - 1 - i of the wavefront's backward (i: the loop's counter, so that no kernel
+    computes s for this one): the gradient of o * tanh(c) (L, D, B, C) in the
+    compute dtype (the projection's transposed matmul, rounded), the carried cell gradient
+    (L, D, B, C), the initial cell (L, D, B, C: the cell before slot 0), the mask (L, B, S) int32,
+    the forward's saved activations and cells, and the gates' gradient's save slots
+    (L, D, B, S, 4C, compute dtype) -> (those slots with slot s written, the gates' gradient
+    (L, D, B, 4C) in the compute dtype, the cell gradient carried to step s - 1)."""
+    L, D, B, C = d_a_LDBC.shape
+    S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
+    d_a, d_c = d_a_LDBC.reshape(R, C), d_c_LDBC.reshape(R, C)
+    # d_a and the slot's activations read, the cells of slots s and s - 1 read, d_c read and
+    # written, the gates' gradient written twice (its slot, the matmul's operand), the mask's rows
+    touched = _bytes(d_a.shape, d_a.dtype) + _bytes((R, 4, C), acts_LDBSG.dtype) + 2 * _bytes(d_c.shape, c_LDBSC.dtype)
+    touched += 2 * _bytes(d_c.shape, d_c.dtype) + 2 * _bytes((R, 4, C), dtype) + R * 4
+    slots, d_gates, d_c_prev = _call(
+        _backward_kernel,
+        "lstm_backward_cell",
+        i,
+        (d_a, d_c, c0_LDBC.reshape(R, C)),
+        (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), d_gates_LDBSG.reshape(R, S, 4, C)),
+        (_like(d_gates_LDBSG, (R, S, 4, C)), _like(d_a, (R, 4, C), dtype), _like(d_c, (R, C))),
+        (False, True, True),
+        {7: 0, 2: 2},  # the slots; d_c's block read, then written: in place
+        touched,
+        mask_LBS,
+        clip,
+        B,
+        D,
+    )
+    return slots.reshape(d_gates_LDBSG.shape), d_gates.reshape(L, D, B, 4 * C), d_c_prev.reshape(d_c_LDBC.shape)
