@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One prepared GPU run (under 8 minutes on one H200). Runs from the repository root with the
+# One prepared GPU run (about 9 minutes on one H200). Runs from the repository root with the
 # machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
 #   - train-step throughput of the original size in bfloat16 at 128 and 512 rows with a profile
 #     of 3 traced steps (top ops by device time, the shares of the LSTM loops, token encoder,
 #     softmax, sampler and optimizer, ops launched per step) and peak device memory, at 128 rows
-#     under both LSTM schedules (wavefront, the accelerators' default, and a loop per layer);
+#     under both LSTM schedules (wavefront, the accelerators' default, and a loop per layer), and
+#     with the LSTM cell as our Pallas kernels (lstm_cell=pallas) at 128 and 512 rows, after
+#     tests/test_lstm.py's check that they compute what XLA's cell does, run here on the GPU
+#     (Triton) to $OUT/pallas_cell_test.txt;
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs/;
@@ -33,6 +36,9 @@ run() {
 }
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3 | tee "$dir/pallas_cell_test.txt"
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=wavefront --lstm_cell=pallas
+run --config=original --per_device_batch=512 --dtype=bf16 --lstm_schedule=wavefront --lstm_cell=pallas
 run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
 run --config=original --per_device_batch=256 --dtype=bf16
 run --config=original --per_device_batch=128 --dtype=f32
@@ -49,13 +55,13 @@ timeout 120 python3 -m benchmarks.speed.recurrence --config=original --per_devic
 python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys
 
-print("config | dtype | rows | LSTM schedule | measured ms | estimated ms | measured / estimated")
+print("config | dtype | rows | LSTM schedule | LSTM cell | measured ms | estimated ms | measured / estimated")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     e = r.get("estimate")
     if r["mode"] == "train" and e:
         print(
-            f"{r['config']} | {r['dtype']} | {r['per_device_batch']} | {r['lstm_schedule']} | "
+            f"{r['config']} | {r['dtype']} | {r['per_device_batch']} | {r['lstm_schedule']} | {r.get('lstm_cell', 'xla')} | "
             f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f}"
         )
 EOF

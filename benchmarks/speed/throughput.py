@@ -1,7 +1,7 @@
 """Train-step or embedding throughput of a named config on one device.
 
     python -m benchmarks.speed.throughput --config=original --per_device_batch=128 [--dtype=bf16|f32]
-        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--profile=STEPS]
+        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=xla|pallas] [--profile=STEPS]
 
 `--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a
 published size or `cpu_peer`, feeds it batches from the real batcher over a synthetic Zipfian
@@ -184,6 +184,9 @@ def main() -> None:
         "--lstm_schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each"
     )
     parser.add_argument(
+        "--lstm_cell", default="xla", choices=settings.LSTM_CELLS, help="train: the LSTM cell, XLA's or our kernels"
+    )
+    parser.add_argument(
         "--backward_order",
         default="independent",
         choices=settings.BACKWARD_ORDERS,
@@ -208,6 +211,7 @@ def main() -> None:
         ModelConfig.from_options(options),
         compute_dtype=DTYPES[args.dtype],
         lstm_schedule=args.lstm_schedule,
+        lstm_cell=args.lstm_cell,
         scan_unroll=args.scan_unroll,
     )
     device = jax.devices()[0]
@@ -271,6 +275,7 @@ def main() -> None:
         "dtype": args.dtype,
         "scan_unroll": args.scan_unroll,
         "lstm_schedule": schedule(config),
+        "lstm_cell": config.lstm_cell,
         "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,

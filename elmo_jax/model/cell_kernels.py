@@ -73,6 +73,43 @@ def _forward_kernel(
     a_ref[...] = (so * jnp.tanh(c_new)).astype(a_ref.dtype)
 
 
+def _output_kernel(
+    s_ref, h_raw_ref, h_ref, mask_ref, x_ref, keep_ref, _h_slots, _outs, h_slots_ref, outs_ref, h_out_ref, rows_ref,
+    *, clip, skip, rate, B, D,
+):  # fmt: skip
+    from jax.experimental import pallas as pl
+
+    at = _Block(s_ref, mask_ref, *h_ref.shape, B, D, down=False)
+    L, S, P = outs_ref.shape[0], outs_ref.shape[3], outs_ref.shape[4]
+    first, n_rows = pl.program_id(0) * h_ref.shape[0], h_ref.shape[0]
+    layer, d, b = first // (D * B), first // B % D, pl.ds(first % B, n_rows)
+    below, after = jnp.maximum(layer - 1, 0), jnp.minimum(at.s + 1, S - 1)
+
+    def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
+        return (
+            x if rate is None else jnp.where(keep_ref[keep_layer, d, b, slot, at.columns] != 0, x / (1.0 - rate), 0.0)
+        )
+
+    # This step's inputs: layer 0's x, layer l's the outputs of layer l - 1 a step earlier.
+    upper = outs_ref[below, d, b, jnp.maximum(at.s - 1, 0), at.columns]
+    upper = jnp.where(at.s == 0, 0.0, dropped(upper, below, at.s))
+    inputs = jnp.where(layer == 0, x_ref[d, b, at.s, at.columns], upper)
+    h_new = _clip(h_raw_ref[...], clip)
+    out = jnp.where(at.ran, jnp.where(skip & (layer > 0), h_new + inputs, h_new), 0.0)
+    h = jnp.where(at.ran, h_new, h_ref[...])
+    h_out_ref[...] = h
+    h_slots_ref[layer, d, b, at.s, at.columns] = h
+    outs_ref[layer, d, b, at.s, at.columns] = out
+    # The next step's matmul operand [inputs; h]: this block's h, and the inputs of the layer
+    # above (this block's outputs) or, from the top layer, layer 0's (x).
+    above = (layer + 1) % L
+    rows_ref[pl.ds(first, n_rows), pl.ds(P + pl.program_id(1) * h_ref.shape[1], h_ref.shape[1])] = h.astype(
+        rows_ref.dtype
+    )
+    next_inputs = jnp.where(layer == L - 1, x_ref[d, b, after, at.columns], dropped(out, layer, after))
+    rows_ref[pl.ds(first + (above - layer) * D * B, n_rows), at.columns] = next_inputs.astype(rows_ref.dtype)
+
+
 def _backward_kernel(
     i_ref, d_a_ref, d_c_ref, c0_ref, mask_ref, acts_ref, cells_ref, _d_gates, d_slots_ref, d_gates_ref, d_c_out_ref,
     *, clip, B, D,
@@ -104,16 +141,17 @@ def _like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStr
 
 
 def _call(
-    kernel, name: str, counter, blocked, whole, out_shape, out_blocked, aliases, touched: int, mask_LBS, clip, B, D
+    kernel, name: str, counter, blocked, whole, out_shape, out_blocked, aliases, touched: int, mask_LBS, **static
 ):
-    """pallas_call of `kernel` over blocks of (R, C): inputs the loop's counter, `blocked` (R, C) or (R, 4, C)
-    cut into blocks, the mask (L, B, S), `whole` (passed whole: read or written at slot s);
-    outputs `out_shape`, those with `out_blocked` cut into blocks."""
+    """pallas_call of `kernel` (with the `static` arguments, B among them) over blocks of (R, C):
+    inputs the loop's counter, `blocked` (R, C) or (R, 4, C) cut into blocks, the mask (L, B, S),
+    `whole` (passed whole: read or written at slot s); outputs `out_shape`, those with
+    `out_blocked` cut into blocks."""
     from jax.experimental import pallas as pl
 
     if backend() == "tpu":
         raise UserError("lstm_cell='pallas' has kernels for GPUs (Triton), none for TPUs: use lstm_cell='xla'")
-    R, C = blocked[0].shape[0], blocked[0].shape[-1]
+    R, C, B = blocked[0].shape[0], blocked[0].shape[-1], static["B"]
     n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS)
 
     def spec(x):
@@ -124,7 +162,7 @@ def _call(
         return pl.BlockSpec((1, 4, n_columns), lambda i, k: (i * n_rows // B, 0, k))  # the rows' layer and direction
 
     call = pl.pallas_call(
-        functools.partial(kernel, clip=clip, B=B, D=D),
+        functools.partial(kernel, **static),
         out_shape=out_shape,
         grid=(R // n_rows, C // n_columns),
         in_specs=(pl.BlockSpec((1,), lambda i, k: (0,)), *map(spec, blocked), *[pl.no_block_spec] * (1 + len(whole))),
@@ -165,9 +203,9 @@ def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, clip: 
         {5: 0, 6: 1, 3: 2},  # the slots; c's block read, then written: in place
         touched,
         mask_LBS,
-        clip,
-        B,
-        D,
+        clip=clip,
+        B=B,
+        D=D,
     )
     return (
         acts.reshape(acts_LDBSG.shape),
@@ -203,8 +241,47 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
         {7: 0, 2: 2},  # the slots; d_c's block read, then written: in place
         touched,
         mask_LBS,
-        clip,
-        B,
-        D,
+        clip=clip,
+        B=B,
+        D=D,
     )
     return slots.reshape(d_gates_LDBSG.shape), d_gates.reshape(L, D, B, 4 * C), d_c_prev.reshape(d_c_LDBC.shape)
+
+
+def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP, out_LDBSP, clips, skip, rate, dtype):
+    """Step s of the wavefront's training forward after the projection: its result h_raw
+    (L, D, B, P), the carried h (L, D, B, P), the mask (L, B, S) int32, the inputs x (D, B, S, P),
+    the dropout's keep masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots
+    of h and of the layers' outputs (L, D, B, S, P) -> (those slots with slot s written, the new
+    carried h, the next step's matmul operand [inputs; h] (L, D, B, 2P) in `dtype`). `clips`: the
+    projection's; `skip`: the residual around layers >= 1."""
+    L, D, B, P = h_LDBP.shape
+    R = L * D * B
+    h_raw, h = h_raw_LDBP.reshape(R, P), h_LDBP.reshape(R, P)
+    keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_KDBSP is None else keep_KDBSP
+    # h_raw, h and the inputs read (and the keep masks of this step and the next), h written in
+    # place and into its slot, the outputs into theirs, the next matmul's operand; the mask's rows
+    touched = 6 * _bytes(h.shape, h.dtype) + _bytes((R, 2 * P), dtype) + (2 * R * P if rate else 0) + R * 4
+    h_slots, outs, h_new, rows = _call(
+        _output_kernel,
+        "lstm_forward_output",
+        s,
+        (h_raw, h),
+        (x_DBSP, keep, h_LDBSP, out_LDBSP),
+        (
+            _like(h_LDBSP, h_LDBSP.shape),
+            _like(out_LDBSP, out_LDBSP.shape),
+            _like(h, h.shape),
+            _like(h, (R, 2 * P), dtype),
+        ),
+        (False, False, True, False),
+        {6: 0, 7: 1, 2: 2},  # the slots; h's block read, then written: in place
+        touched,
+        mask_LBS,
+        clip=clips,
+        skip=skip,
+        rate=rate,
+        B=B,
+        D=D,
+    )
+    return h_slots, outs, h_new.reshape(h_LDBP.shape), rows.reshape(L, D, B, 2 * P)

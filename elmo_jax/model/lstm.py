@@ -34,7 +34,7 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
-from elmo_jax.model.cell_kernels import GATES, backward_cell, forward_cell
+from elmo_jax.model.cell_kernels import GATES, backward_cell, forward_cell, forward_output
 from elmo_jax.model.matmul import einsum, rounded_einsum
 
 
@@ -194,6 +194,7 @@ def _wave_forward(
     # The training step's cell as kernels of our own (`cell_kernels`): loops of several layers.
     own_cell = residuals and L > 1 and st.cell == "pallas"
     ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
+    keep_8, rate = (None, None) if keep_KDBSP is None or not own_cell else (keep_KDBSP.astype(jnp.int8), st.dropout)
 
     def step(s, carry):
         h, c, buffers = carry
@@ -210,35 +211,44 @@ def _wave_forward(
                 upper = apply_dropout(_at_slot(keep_KDBSP, s), upper, st.dropout)
             inputs = jnp.concatenate([_at_slot(x_DBSP, s, axis=2)[None], upper])
             rows = jnp.concatenate([inputs, h], axis=-1)
-        m = mask_LBS[:, None, :, s, None]
-        if own_cell:  # the new cell masked and saved by the kernel
-            z = rounded_einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype)
-            acts, c_buffer, c, a = forward_cell(s, z, b, c, ran_LBS, *buffers[1:3], st.clips.cell)
-            buffers = (buffers[0], acts, c_buffer, *buffers[3:])
-        else:
-            if L > 1:
-                z = einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype, rounded=True) + b[:, :, None]
-            acts = scale * jnp.tanh(slope * z + offset) + shift
-            if residuals:  # saved first and read back: the pass that computes them writes them there once,
-                # and the cell uses the values the backward pass reads (with bfloat16 matmuls, rounded:
-                # the training forward differs from inference's by that rounding)
-                buffers = (buffers[0], _put_slot(buffers[1], s, acts.astype(buffers[1].dtype)), *buffers[2:])
-                acts = _at_slot(buffers[1], s).astype(jnp.float32)
-            si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-            c_new = _clip(sf * c + si * tj, st.clips.cell)
-            a, c = so * jnp.tanh(c_new), jnp.where(m, c_new, c)
-        h_raw = einsum("ldbc,ldcp->ldbp", a, W_proj_loop, st.dtype)
+            z = einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype, rounded=True) + b[:, :, None]
+        acts = scale * jnp.tanh(slope * z + offset) + shift
+        if residuals:  # saved first and read back: the pass that computes them writes them there once,
+            # and the cell uses the values the backward pass reads (with bfloat16 matmuls, rounded:
+            # the training forward differs from inference's by that rounding)
+            buffers = (buffers[0], _put_slot(buffers[1], s, acts.astype(buffers[1].dtype)), *buffers[2:])
+            acts = _at_slot(buffers[1], s).astype(jnp.float32)
+        si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+        c_raw = sf * c + si * tj
+        c_new = _clip(c_raw, st.clips.cell)
+        h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
         h_new = _clip(h_raw, st.clips.proj)
+        m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
-        h = jnp.where(m, h_new, h)
-        saved = (h, None, None if own_cell else c) + ((out,) if L > 1 else ()) if residuals else (out,)
+        h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
+        saved = (h, None, c) + ((out,) if L > 1 else ()) if residuals else (out,)
         buffers = tuple(buf if v is None else _put_slot(buf, s, v) for buf, v in zip(buffers, saved))
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
             h, c = jnp.where(restart, 0.0, h), jnp.where(restart, 0.0, c)
         return h, c, buffers
 
-    h, c, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, buffers), unroll=st.unroll)
+    def own_step(s, carry):  # the cell and the outputs as our kernels, the next step's operand carried
+        h, c, rows, (h_slots, acts, cells, outs) = carry
+        z = rounded_einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype)
+        acts, cells, c, a = forward_cell(s, z, b, c, ran_LBS, acts, cells, st.clips.cell)
+        h_raw = einsum("ldbc,ldcp->ldbp", a, W_proj_loop, st.dtype)
+        h_slots, outs, h, rows = forward_output(
+            s, h_raw, h, ran_LBS, x_DBSP, keep_8, h_slots, outs, st.clips.proj, st.skip, rate, st.dtype
+        )
+        return h, c, rows, (h_slots, acts, cells, outs)
+
+    if own_cell:
+        inputs = jnp.concatenate([x_DBSP[None, :, :, 0], jnp.zeros_like(h_LDBP[1:])])  # slot 0: nothing from below
+        rows = jnp.concatenate([inputs, h_LDBP], axis=-1).astype(st.dtype)
+        h, c, _, buffers = jax.lax.fori_loop(0, S, own_step, (h_LDBP, c_LDBC, rows, buffers), unroll=st.unroll)
+    else:
+        h, c, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, buffers), unroll=st.unroll)
     if not residuals:
         return (_unskew(buffers[0], T, axis=3), h, c), None
     if L == 1:
