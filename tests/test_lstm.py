@@ -316,7 +316,7 @@ def test_the_pallas_cell_is_refused_on_tpus():
 
     L, D, B, S, C = 2, 2, 4, 3, 8
     z, c = jnp.zeros((L, D, B, 4 * C)), jnp.zeros((L, D, B, C))
-    slots = jnp.zeros((L, D, B, S, 4 * C)), jnp.zeros((L, D, B, S, C))
+    slots = jnp.zeros((L, D, B, S, 4 * C)), jnp.zeros((L, D, B, S, C)), jnp.zeros((L, D, B, S, C))
     forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c, jnp.ones((L, B, S), jnp.int32), *slots, 3.0)  # on this CPU: runs
     with tracing_for("tpu"), pytest.raises(UserError, match="none for TPUs"):
         forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c, jnp.ones((L, B, S), jnp.int32), *slots, 3.0)

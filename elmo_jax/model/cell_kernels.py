@@ -55,8 +55,9 @@ def _clip(x, value):
 
 
 def _forward_kernel(
-    s_ref, z_ref, b_ref, c_ref, mask_ref, _acts, _cells, acts_ref, cells_ref, c_out_ref, a_ref, *, clip, B, D
-):
+    s_ref, z_ref, b_ref, c_ref, mask_ref, _acts, _cells, _a_slots, acts_ref, cells_ref, a_slots_ref, c_out_ref, a_ref,
+    *, clip, B, D,
+):  # fmt: skip
     at = _Block(s_ref, mask_ref, *c_ref.shape, B, D, down=False)
     acts = []
     for g, (slope, offset, shift) in enumerate(GATES):
@@ -70,7 +71,9 @@ def _forward_kernel(
     c_kept = jnp.where(at.ran, c_new, c)
     c_out_ref[...] = c_kept
     cells_ref[at.rows, at.s, at.columns] = c_kept
-    a_ref[...] = (so * jnp.tanh(c_new)).astype(a_ref.dtype)
+    a = (so * jnp.tanh(c_new)).astype(a_ref.dtype)
+    a_ref[...] = a
+    a_slots_ref[at.rows, at.s, at.columns] = a
 
 
 def _output_kernel(
@@ -179,28 +182,35 @@ def _bytes(shape: tuple[int, ...], dtype) -> int:
     return math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, clip: float | None):
+def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, clip: float | None):
     """Step s of the wavefront's training forward: gates z (L, D, B, 4C) in the compute dtype
     (the matmul's rounded result, without the bias b (L, D, 4C)), the carried cell (L, D, B, C),
     the mask (L, B, S) int32, and the save slots of the activations (L, D, B, S, 4C, compute
-    dtype) and of the cell (L, D, B, S, C) -> (the slots with slot s written, the new carried cell
-    (the old where the step did not run), the projection's operand o * tanh(c) (L, D, B, C) in the
-    compute dtype)."""
+    dtype), of the cell (L, D, B, S, C) and of the projection's operand (L, D, B, S, C, compute
+    dtype: the projection's weight gradient reads it) -> (the three slots with slot s written, the
+    new carried cell (the old where the step did not run), the projection's operand o * tanh(c)
+    (L, D, B, C) in the compute dtype)."""
     L, D, B, G = z_LDBG.shape
     C, S, R, dtype = G // 4, acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
     z, c = z_LDBG.reshape(R, 4, C), c_LDBC.reshape(R, C)
     # z and b read, c read and written, the activations', the cell's slot and a written, the mask's rows
     touched = _bytes(z.shape, z.dtype) + _bytes(b_LDG.shape, b_LDG.dtype) + 2 * _bytes(c.shape, c.dtype)
-    touched += _bytes(z.shape, dtype) + _bytes(c.shape, c_LDBSC.dtype) + _bytes(c.shape, dtype) + R * 4
-    acts, cells, c_new, a = _call(
+    touched += _bytes(z.shape, dtype) + _bytes(c.shape, c_LDBSC.dtype) + 2 * _bytes(c.shape, dtype) + R * 4
+    acts, cells, a_slots, c_new, a = _call(
         _forward_kernel,
         "lstm_forward_cell",
         s,
         (z, b_LDG.reshape(L * D, 4, C), c),
-        (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C)),
-        (_like(acts_LDBSG, (R, S, 4, C)), _like(c_LDBSC, (R, S, C)), _like(c, (R, C)), _like(z, (R, C), dtype)),
-        (False, False, True, True),
-        {5: 0, 6: 1, 3: 2},  # the slots; c's block read, then written: in place
+        (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), a_LDBSC.reshape(R, S, C)),
+        (
+            _like(acts_LDBSG, (R, S, 4, C)),
+            _like(c_LDBSC, (R, S, C)),
+            _like(a_LDBSC, (R, S, C)),
+            _like(c, (R, C)),
+            _like(z, (R, C), dtype),
+        ),
+        (False, False, False, True, True),
+        {5: 0, 6: 1, 7: 2, 3: 3},  # the slots; c's block read, then written: in place
         touched,
         mask_LBS,
         clip=clip,
@@ -210,6 +220,7 @@ def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, clip: 
     return (
         acts.reshape(acts_LDBSG.shape),
         cells.reshape(c_LDBSC.shape),
+        a_slots.reshape(a_LDBSC.shape),
         c_new.reshape(c_LDBC.shape),
         a.reshape(c_LDBC.shape),
     )

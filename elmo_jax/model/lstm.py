@@ -189,10 +189,12 @@ def _wave_forward(
     # below's output of the step before from its slot (it is not carried: no copy a step).
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
+    # The training step's cell as kernels of our own (`cell_kernels`): loops of several layers.
+    # They also save the projection's operand, which the projection's weight gradient reads.
+    own_cell = residuals and L > 1 and st.cell == "pallas"
+    widths, dtypes = (widths + (W_proj.shape[2],), dtypes + (st.dtype,)) if own_cell else (widths, dtypes)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
-    # The training step's cell as kernels of our own (`cell_kernels`): loops of several layers.
-    own_cell = residuals and L > 1 and st.cell == "pallas"
     ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
     keep_8, rate = (None, None) if keep_KDBSP is None or not own_cell else (keep_KDBSP.astype(jnp.int8), st.dropout)
 
@@ -234,14 +236,14 @@ def _wave_forward(
         return h, c, buffers
 
     def own_step(s, carry):  # the cell and the outputs as our kernels, the next step's operand carried
-        h, c, rows, (h_slots, acts, cells, outs) = carry
+        h, c, rows, (h_slots, acts, cells, outs, a_slots) = carry
         z = rounded_einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype)
-        acts, cells, c, a = forward_cell(s, z, b, c, ran_LBS, acts, cells, st.clips.cell)
+        acts, cells, a_slots, c, a = forward_cell(s, z, b, c, ran_LBS, acts, cells, a_slots, st.clips.cell)
         h_raw = einsum("ldbc,ldcp->ldbp", a, W_proj_loop, st.dtype)
         h_slots, outs, h, rows = forward_output(
             s, h_raw, h, ran_LBS, x_DBSP, keep_8, h_slots, outs, st.clips.proj, st.skip, rate, st.dtype
         )
-        return h, c, rows, (h_slots, acts, cells, outs)
+        return h, c, rows, (h_slots, acts, cells, outs, a_slots)
 
     if own_cell:
         inputs = jnp.concatenate([x_DBSP[None, :, :, 0], jnp.zeros_like(h_LDBP[1:])])  # slot 0: nothing from below
@@ -260,7 +262,16 @@ def _wave_forward(
         if keep_KDBSP is not None:
             upper_KDBSP = apply_dropout(keep_KDBSP, upper_KDBSP, st.dropout)
         in_LDBSP = jnp.concatenate([x_DBSP[None], upper_KDBSP])
-    return (_unskew(out_LDBSP, T, axis=3), h, c), (W_loop, W_proj_loop, mask_LBS, keep_KDBSP, in_LDBSP, *buffers[:3])
+    a_LDBSC = buffers[4] if own_cell else None
+    return (_unskew(out_LDBSP, T, axis=3), h, c), (
+        W_loop,
+        W_proj_loop,
+        mask_LBS,
+        keep_KDBSP,
+        in_LDBSP,
+        *buffers[:3],
+        a_LDBSC,
+    )
 
 
 def _layer_outputs(h_new, inputs, mask, skip_L):
@@ -296,7 +307,7 @@ def _wavefront_fwd(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
 
 
 def _wavefront_bwd(st: _Stack, residuals, cotangents):
-    W_0, h0, c0, W_loop, W_proj_loop, mask_LBS, keep_KDBSP, in_LDBSP, h_LDBSP, acts_LDBSG, c_LDBSC = residuals
+    W_0, h0, c0, W_loop, W_proj_loop, mask_LBS, keep_KDBSP, in_LDBSP, h_LDBSP, acts_LDBSG, c_LDBSC, a_LDBSC = residuals
     d_out_LDBTP, d_h, d_c = cotangents
     L, D, B, S, P = in_LDBSP.shape
     T = S - L + 1
@@ -368,7 +379,8 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.
     h_prev_LDBSP = jnp.concatenate([h0[:, :, :, None], h_LDBSP[:, :, :, :-1]], axis=3)
-    a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * jnp.tanh(c_LDBSC)
+    if a_LDBSC is None:  # the projection's operand, unless the forward's kernel saved it
+        a_LDBSC = jnp.split(acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * jnp.tanh(c_LDBSC)
     rows_LDBSK = jnp.concatenate([in_LDBSP, h_prev_LDBSP, jnp.ones_like(h_prev_LDBSP[..., :1])], axis=-1)
     d_W_0_b = einsum("ldbsk,ldbsg->ldkg", rows_LDBSK, d_gates_LDBSG, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", d_h_raw_LDBSP, a_LDBSC, st.dtype), 2, 3)
