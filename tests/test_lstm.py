@@ -282,15 +282,22 @@ def test_both_schedules_give_the_same_gradients():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_pallas_cell_computes_what_xlas_does(dtype):
-    """The wavefront's training step with its cell as our Pallas kernels, forward and backward
-    (interpreted here, as everywhere but on GPUs): every layer's outputs, the final state and
-    every gradient equal the XLA cell's, with both clips firing, masked steps, dropout, the residual, and blocks of one
-    row (B = 3) and of a whole cell (C = 8)."""
-    config, params, x, mask, state, keep = random_case(3, True, seed=4)
+@pytest.mark.parametrize("n_layers, skip, dropout", [(3, True, True), (2, False, False)])
+def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout):
+    """The wavefront's training step with its cell and outputs as our Pallas kernels, forward
+    and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
+    state and every gradient equal the XLA cell's, with both clips firing, masked steps, a
+    carried state, with and without dropout and the residual, and blocks of one row (B = 3) and
+    of a whole cell (C = 8)."""
+    config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
+    keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
     rng = np.random.default_rng(5)
-    weights = rng.normal(size=(3, 2) + x.shape[1:]), rng.normal(size=state.h.shape), rng.normal(size=state.c.shape)
+    weights = (
+        rng.normal(size=(n_layers, 2) + x.shape[1:]),
+        rng.normal(size=state.h.shape),
+        rng.normal(size=state.c.shape),
+    )
 
     def loss(params, x, state, cell):
         out, new = lstm_stacks(params, x, mask, state, dataclasses.replace(config, lstm_cell=cell), keep, RATE)
@@ -301,7 +308,9 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype):
 
     args = (params, x, state)
     program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, "pallas")))(*args))
-    assert "lstm_forward_cell" in program and "lstm_backward_cell" in program
+    assert all(
+        f"lstm_{kernel}" in program for kernel in ("forward_cell", "forward_output", "backward_cell", "backward_output")
+    )
     want, spread = value_and_rounding_spread(value_and_grads("xla"), args)
     for got, w, s in zip(value_and_grads("pallas")(*args), want, spread, strict=True):
         assert_within_rounding(got, w, s)

@@ -155,10 +155,11 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
 @pytest.mark.slow
 @pytest.mark.launches
 def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touch(tmp_path, planned):
-    """With lstm_cell=pallas the forward loop runs its matmuls and two kernels of ours (the
-    cell; the outputs, their save slots and the next step's operand) besides the loop's counter,
-    where XLA's cell takes 11 kernels; the backward runs the cell's gradient as one kernel where
-    XLA's takes three: the same matmuls, no copy of a buffer. Each kernel counts the bytes it
+    """With lstm_cell=pallas each LSTM loop runs its matmuls and two kernels of ours besides the
+    loop's counter (forward: the cell; the outputs, their save slots and the next step's
+    operand; backward: the cell's and gates' gradients; the output and input gradients and
+    their slots), where XLA's cell takes 11 and 10 kernels: the same matmuls, no copy of a
+    buffer. Each kernel counts the bytes it
     declares, not the slots' buffers whole, which it is passed: forward, the gates read, their
     activations written into their slot, the cell read and written in place and into its slot,
     the projection's operand written and into its slot; backward, that operand's gradient and the slot's
@@ -175,6 +176,7 @@ def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touc
         + L * D * 4 * C * f32,
         "lstm_backward_cell": rows * C * (bf16 + 2 * f32 + 2 * f32) + rows * 4 * C * (bf16 + 2 * bf16),
         "lstm_forward_output": None,
+        "lstm_backward_output": None,
     }
     for name, bytes_ in touched.items():
         ours = [k for k in kernels if name in k.source]
@@ -191,9 +193,9 @@ def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touc
         (n,) = [n["kernels_per_iteration"] for n in p["kernels"]["loops"] if ("transpose" in n["source"]) != forward]
         return n
 
-    # forward: 2 matmuls, 2 kernels of ours, the counter (and a sum where XLA splits a matmul's K)
+    # each way: 2 matmuls, 2 kernels of ours, the counter (and a sum where XLA splits a matmul's K)
     assert per_iteration(plan, True) <= 6 < 11 <= per_iteration(xla, True)
-    assert per_iteration(plan, False) == per_iteration(xla, False) - 2
+    assert per_iteration(plan, False) <= 6 < 10 <= per_iteration(xla, False)
     assert plan["parts"]["LSTM loops"]["flops"] == xla["parts"]["LSTM loops"]["flops"]
 
 

@@ -138,6 +138,54 @@ def _backward_kernel(
     d_c_out_ref[...] = d_c_raw * sf + jnp.where(at.ran, 0.0, d_c)
 
 
+def _backward_output_kernel(
+    i_ref, d_h_ref, d_h_raw_ref, mask_ref, d_in_h_ref, d_out_ref, h_ref, keep_ref, _d_ins, _d_h_raws,
+    d_ins_ref, d_h_raws_ref, d_h_prev_ref, d_h_raw_next_ref, *, clip, skip, rate, B, D,
+):  # fmt: skip
+    from jax.experimental import pallas as pl
+
+    at = _Block(i_ref, mask_ref, *d_h_ref.shape, B, D, down=True)
+    L, S, P = d_ins_ref.shape[0], d_ins_ref.shape[3], d_ins_ref.shape[4]
+    n_rows = d_h_ref.shape[0]
+    first = pl.program_id(0) * n_rows
+    layer, d, b, s = first // (D * B), first // B % D, pl.ds(first % B, n_rows), at.s
+
+    def ran(l, slot):
+        return mask_ref[l, b, slot][:, None] != 0
+
+    def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
+        return (
+            x if rate is None else jnp.where(keep_ref[keep_layer, d, b, slot, at.columns] != 0, x / (1.0 - rate), 0.0)
+        )
+
+    def input_gradient(l):
+        """Layer l's input gradient at slot s: its half of the matmul's, and the output gradient
+        through the residual (which takes what layer l + 1 passed down at slot s + 1)."""
+        later, up = jnp.minimum(s + 1, S - 1), jnp.minimum(l + 1, L - 1)
+        passed = dropped(d_ins_ref[up, d, b, later, at.columns], jnp.minimum(l, L - 2), later)
+        passed = jnp.where((s < S - 1) & (l < L - 1), passed, 0.0)
+        d_out = jnp.where(ran(l, s), d_out_ref[l, d, b, s, at.columns] + passed, 0.0)
+        rows = pl.ds(l * D * B + first % (D * B), n_rows)
+        return d_in_h_ref[rows, at.columns] + jnp.where(skip & (l > 0), d_out, 0.0)
+
+    d_ins_ref[layer, d, b, s, at.columns] = input_gradient(layer)
+    d_h_raws_ref[layer, d, b, s, at.columns] = d_h_raw_ref[...]
+    d_h_prev = d_in_h_ref[pl.ds(first, n_rows), pl.ds(P + pl.program_id(1) * d_h_ref.shape[1], d_h_ref.shape[1])]
+    d_h_prev += jnp.where(ran(layer, s), 0.0, d_h_ref[...])
+    d_h_prev_ref[...] = d_h_prev
+    # Slot s - 1's gradient of the unclipped projection: its output gradient (with what the layer
+    # above passes down at slot s, computed here again: another block writes it) and d_h.
+    passed = dropped(input_gradient(jnp.minimum(layer + 1, L - 1)), jnp.minimum(layer, L - 2), s)
+    passed = jnp.where(layer < L - 1, passed, 0.0)
+    earlier = jnp.maximum(s - 1, 0)
+    ran_earlier = ran(layer, earlier)
+    d_out = jnp.where(ran_earlier, d_out_ref[layer, d, b, earlier, at.columns] + passed, 0.0)
+    d_h_raw = d_out + jnp.where(ran_earlier, d_h_prev, 0.0)
+    if clip is not None:
+        d_h_raw = jnp.where(jnp.abs(h_ref[layer, d, b, earlier, at.columns]) < clip, d_h_raw, 0.0)
+    d_h_raw_next_ref[...] = d_h_raw.astype(d_h_raw_next_ref.dtype)
+
+
 def _like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStruct:
     """An output of `shape` as device-varying as x (under shard_map)."""
     return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
@@ -296,3 +344,51 @@ def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP,
         D=D,
     )
     return h_slots, outs, h_new.reshape(h_LDBP.shape), rows.reshape(L, D, B, 2 * P)
+
+
+def backward_output(
+    i, d_in_h_LDBK, d_h_LDBP, d_h_raw_LDBP, mask_LBS, d_out_LDBSP, h_LDBSP, keep_KDBSP, d_in_LDBSP, d_h_raw_LDBSP,
+    clip, skip, rate,
+):  # fmt: skip
+    """Step s = S - 1 - i of the wavefront's backward after the gates' transposed matmul: its
+    result d_in_h (L, D, B, 2P) float32 (the gradient of each layer's [inputs; h]), the carried h
+    gradient (L, D, B, P), this step's gradient of the unclipped projection d_h_raw (L, D, B, P,
+    compute dtype), the mask (L, B, S) int32, the outputs' gradients, the forward's saved h (L, D,
+    B, S, P), the keep masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots
+    of the layers' input gradients (L, D, B, S, P, float32: layer 0's is the stack's; the others
+    are read by the next step, as what each layer passes down) and of d_h_raw -> (those slots
+    with slot s written, the h gradient carried to slot s - 1, slot s - 1's d_h_raw). `clip`:
+    the projection's; `skip`: the residual around layers >= 1."""
+    L, D, B, P = d_h_LDBP.shape
+    R = L * D * B
+    d_h, d_h_raw = d_h_LDBP.reshape(R, P), d_h_raw_LDBP.reshape(R, P)
+    keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_KDBSP is None else keep_KDBSP
+    # d_in_h read (twice the inputs' half: another block's too), d_h read and written, the output
+    # gradients and h of two slots and the input gradients passed down read, the input gradient
+    # written; d_h_raw read, written into its slot and for the next step; the keep masks, the mask
+    f32 = _bytes(d_h.shape, jnp.float32)
+    touched = 3 * f32 + 2 * f32 + 4 * f32 + 2 * f32 + f32 + 3 * _bytes(d_h.shape, d_h_raw.dtype)
+    touched += (3 * R * P if rate else 0) + R * 4
+    d_ins, d_h_raws, d_h_prev, d_h_raw_next = _call(
+        _backward_output_kernel,
+        "lstm_backward_output",
+        i,
+        (d_h, d_h_raw),
+        (d_in_h_LDBK.reshape(R, 2 * P), d_out_LDBSP, h_LDBSP, keep, d_in_LDBSP, d_h_raw_LDBSP),
+        (
+            _like(d_in_LDBSP, d_in_LDBSP.shape),
+            _like(d_h_raw_LDBSP, d_h_raw_LDBSP.shape),
+            _like(d_h, d_h.shape),
+            _like(d_h_raw, d_h_raw.shape),
+        ),
+        (False, False, True, True),
+        {8: 0, 9: 1, 1: 2, 2: 3},  # the slots; d_h's and d_h_raw's blocks read, then written: in place
+        touched,
+        mask_LBS,
+        clip=clip,
+        skip=skip,
+        rate=rate,
+        B=B,
+        D=D,
+    )
+    return d_ins, d_h_raws, d_h_prev.reshape(d_h_LDBP.shape), d_h_raw_next.reshape(d_h_LDBP.shape)

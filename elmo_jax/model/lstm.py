@@ -34,7 +34,7 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
-from elmo_jax.model.cell_kernels import GATES, backward_cell, forward_cell, forward_output
+from elmo_jax.model.cell_kernels import GATES, backward_cell, backward_output, forward_cell, forward_output
 from elmo_jax.model.matmul import einsum, rounded_einsum
 
 
@@ -316,6 +316,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
     own_cell = L > 1 and st.cell == "pallas"  # as the forward's (`cell_kernels`)
     ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
+    keep_8, rate = (None, None) if keep_KDBSP is None or not own_cell else (keep_KDBSP.astype(jnp.int8), st.dropout)
 
     def output_gradients(s, d_h, d_above):
         """Slot s's gradient of the layers' outputs and of their unclipped projections. Where
@@ -331,26 +332,19 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         # this step's, computed by the step before (in the pass that computes d_h), in the
         # compute dtype that its matmul and its save slot take.
         d_h, d_c, d_above, d_h_raw, buffers = carry
+        acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
+        c_new = _at_slot(c_LDBSC, s)
+        c_prev = jnp.where(s == 0, c0, _at_slot(c_LDBSC, jnp.maximum(s - 1, 0)))
         m = mask_LBS[:, None, :, s, None]
-        if own_cell:  # the gates' gradient written into its slot by the kernel
-            d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype)
-            d_gates_slots, d_gates, d_c_prev = backward_cell(
-                i, d_a, d_c, c0, ran_LBS, acts_LDBSG, c_LDBSC, buffers[0], st.clips.cell
-            )
-            buffers, saved = (d_gates_slots, *buffers[1:]), (None, d_h_raw)
-        else:
-            acts = _at_slot(acts_LDBSG, s).astype(jnp.float32)
-            c_new = _at_slot(c_LDBSC, s)
-            c_prev = jnp.where(s == 0, c0, _at_slot(c_LDBSC, jnp.maximum(s - 1, 0)))
-            si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-            tc = jnp.tanh(c_new)
-            d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
-            d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
-            d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
-            tanh_of_acts = (acts - shift) / scale
-            d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
-            d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
-            saved = (d_gates, d_h_raw)
+        si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+        tc = jnp.tanh(c_new)
+        d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
+        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
+        d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
+        tanh_of_acts = (acts - shift) / scale
+        d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
+        d_c_prev = d_c_raw * sf + jnp.where(m, 0.0, d_c)
+        saved = (d_gates, d_h_raw)
         if L == 1:  # the input gradient is one matmul after the loop
             d_h_prev = einsum("ldbg,ldpg->ldbp", d_gates, W_loop, st.dtype) + jnp.where(m, 0.0, d_h)
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
@@ -360,9 +354,22 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
             d_upper = d_in[1:] if keep_KDBSP is None else apply_dropout(_at_slot(keep_KDBSP, s), d_in[1:], st.dropout)
             d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
             saved += (d_in[:1],)
-        buffers = tuple(buf if v is None else _put_slot(buf, s, v.astype(buf.dtype)) for buf, v in zip(buffers, saved))
+        buffers = tuple(_put_slot(buf, s, v.astype(buf.dtype)) for buf, v in zip(buffers, saved))
         d_h_raw = output_gradients(jnp.maximum(s - 1, 0), d_h_prev, d_above)[1].astype(st.dtype)  # unused after slot 0
         return d_h_prev, d_c_prev, d_above, d_h_raw, buffers
+
+    def own_step(i, carry):  # the cell's and the outputs' gradients as our kernels
+        d_h, d_c, d_h_raw, (d_gates_slots, d_h_raw_slots, d_in_slots) = carry
+        d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype)  # as the forward's gates
+        d_gates_slots, d_gates, d_c = backward_cell(
+            i, d_a, d_c, c0, ran_LBS, acts_LDBSG, c_LDBSC, d_gates_slots, st.clips.cell
+        )
+        d_in_h = einsum("ldbg,ldkg->ldbk", d_gates, W_loop, st.dtype)
+        d_in_slots, d_h_raw_slots, d_h, d_h_raw = backward_output(
+            i, d_in_h, d_h, d_h_raw, ran_LBS, d_out_LDBSP, h_LDBSP, keep_8, d_in_slots, d_h_raw_slots,
+            st.clips.proj, st.skip, rate,
+        )  # fmt: skip
+        return d_h, d_c, d_h_raw, (d_gates_slots, d_h_raw_slots, d_in_slots)
 
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
     # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
@@ -371,10 +378,16 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         _slots_like(acts_LDBSG, acts_LDBSG.shape, st.dtype),
         _slots_like(h_LDBSP, h_LDBSP.shape, st.dtype),
     )
-    buffers += (_slots_like(in_LDBSP, in_LDBSP[:1].shape, in_LDBSP.dtype),) if L > 1 else ()
+    # The input gradients: layer 0's, out of the stack (our kernels keep every layer's: the next
+    # step reads what each passes down).
+    buffers += (_slots_like(in_LDBSP, in_LDBSP[: L if own_cell else 1].shape, in_LDBSP.dtype),) if L > 1 else ()
     d_above = jnp.zeros_like(d_h) if L > 1 else None
-    carry = (d_h, d_c, d_above, output_gradients(S - 1, d_h, d_above)[1].astype(st.dtype), buffers)
-    d_h0, d_c0, _, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
+    d_h_raw = output_gradients(S - 1, d_h, d_above)[1].astype(st.dtype)
+    if own_cell:
+        d_h0, d_c0, _, buffers = jax.lax.fori_loop(0, S, own_step, (d_h, d_c, d_h_raw, buffers), unroll=st.unroll)
+    else:
+        carry = (d_h, d_c, d_above, d_h_raw, buffers)
+        d_h0, d_c0, _, _, buffers = jax.lax.fori_loop(0, S, step, carry, unroll=st.unroll)
     d_gates_LDBSG, d_h_raw_LDBSP = buffers[:2]
     # Slots outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are 0, so the weight
     # gradients can sum over all slots.
