@@ -1,11 +1,17 @@
 """The LSTM cell of the wavefront's training step as Pallas kernels of our own
-(`lstm_cell="pallas"`), one a step forward and one a step backward, where XLA's fusions of the
-same arithmetic take three kernels each and write each save slot with a copy of its own:
+(`lstm_cell="pallas"`), two a step each way around the step's matmuls, where XLA's fusions of
+the same arithmetic take 8 and 7 and write each save slot with a kernel of its own:
 
-- forward: the gate activations from the gates' matmul result, written to their save slot, the
-  cell update, the carried and saved cell, and the projection's operand o * tanh(c);
-- backward: the cell's gradient and the gates' gradient, written to its save slot and as the
-  operand of the matmul that carries it back.
+- forward, after the gates' matmul (`forward_cell`): the gate activations, written to their save
+  slot, the cell update, the carried and saved cell, and the projection's operand o * tanh(c),
+  saved too; after the projection (`forward_output`): its clip and mask, the carried and saved
+  h, the layers' outputs with the residual, saved, and the next step's matmul operand
+  [inputs; h] with the dropout on the inputs from the layer below;
+- backward, after the projection's transposed matmul (`backward_cell`): the cell's gradient and
+  the gates' gradient, written to its save slot and as the operand of the matmul that carries
+  it back; after that matmul (`backward_output`): the h gradient carried back, the input
+  gradients (saved: layer 0's leave the stack, the others are passed down a step later) and the
+  next step's gradient of the unclipped projection.
 
 On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the
 same numbers as the XLA cell (`lstm._wave_forward`, `lstm._wavefront_bwd`). Save slots are whole
@@ -307,12 +313,12 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
     return slots.reshape(d_gates_LDBSG.shape), d_gates.reshape(L, D, B, 4 * C), d_c_prev.reshape(d_c_LDBC.shape)
 
 
-def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP, out_LDBSP, clips, skip, rate, dtype):
+def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP, out_LDBSP, clip, skip, rate, dtype):
     """Step s of the wavefront's training forward after the projection: its result h_raw
     (L, D, B, P), the carried h (L, D, B, P), the mask (L, B, S) int32, the inputs x (D, B, S, P),
     the dropout's keep masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots
     of h and of the layers' outputs (L, D, B, S, P) -> (those slots with slot s written, the new
-    carried h, the next step's matmul operand [inputs; h] (L, D, B, 2P) in `dtype`). `clips`: the
+    carried h, the next step's matmul operand [inputs; h] (L, D, B, 2P) in `dtype`). `clip`: the
     projection's; `skip`: the residual around layers >= 1."""
     L, D, B, P = h_LDBP.shape
     R = L * D * B
@@ -337,7 +343,7 @@ def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP,
         {6: 0, 7: 1, 2: 2},  # the slots; h's block read, then written: in place
         touched,
         mask_LBS,
-        clip=clips,
+        clip=clip,
         skip=skip,
         rate=rate,
         B=B,
@@ -363,12 +369,13 @@ def backward_output(
     R = L * D * B
     d_h, d_h_raw = d_h_LDBP.reshape(R, P), d_h_raw_LDBP.reshape(R, P)
     keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_KDBSP is None else keep_KDBSP
-    # d_in_h read (twice the inputs' half: another block's too), d_h read and written, the output
-    # gradients and h of two slots and the input gradients passed down read, the input gradient
-    # written; d_h_raw read, written into its slot and for the next step; the keep masks, the mask
+    # In float32, each (R, P): d_in_h's two halves and the inputs' half of the layer above read,
+    # d_h read and written, the output gradients of slots s and s - 1, h of slot s - 1 and the
+    # input gradients passed down (to this layer and the one above) read, the input gradient
+    # written; d_h_raw read, written into its slot and for the next step; the keep masks of three
+    # slots; the mask's rows.
     f32 = _bytes(d_h.shape, jnp.float32)
-    touched = 3 * f32 + 2 * f32 + 4 * f32 + 2 * f32 + f32 + 3 * _bytes(d_h.shape, d_h_raw.dtype)
-    touched += (3 * R * P if rate else 0) + R * 4
+    touched = (3 + 2 + 5 + 1) * f32 + 3 * _bytes(d_h.shape, d_h_raw.dtype) + (3 * R * P if rate else 0) + R * 4
     d_ins, d_h_raws, d_h_prev, d_h_raw_next = _call(
         _backward_output_kernel,
         "lstm_backward_output",
