@@ -80,8 +80,8 @@ class TrainSettings:
     lstm_cell: str = setting(
         "xla",
         one_of(LSTM_CELLS),
-        "the wavefront's training cell: xla (XLA's fusions) or pallas (a kernel of ours a step, forward and "
-        "backward: Triton on GPUs, interpreted on CPUs, none for TPUs; not yet run on a GPU)",
+        "the wavefront's training cell: xla (XLA's fusions) or pallas (our Triton kernels, two a step each way; "
+        "GPUs only, not yet run on one)",
     )
     shard_softmax: bool = setting(False, BOOL, "shard the softmax table by rows over the devices (huge vocabularies)")
     unroll_steps: int = setting(20, count(1), "the window T: time steps per row and step")

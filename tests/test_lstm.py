@@ -316,16 +316,25 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout)
         assert_within_rounding(got, w, s)
 
 
-def test_the_pallas_cell_is_refused_on_tpus():
-    """Its kernels are Triton's (GPUs): traced for a TPU it says so, rather than running
-    Pallas's interpreter there."""
+def test_the_pallas_cell_is_refused_where_it_cannot_run():
+    """Its kernels are Triton's (GPUs). Traced for a TPU it says so, rather than running Pallas's
+    interpreter there; on a CPU the interpreter runs them (these tests), but not inside the
+    data-parallel train step (JAX's interpreter fails on device-varying arrays): it says so."""
     from elmo_jax.errors import UserError
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.model.cell_kernels import forward_cell
 
     L, D, B, S, C = 2, 2, 4, 3, 8
-    z, c = jnp.zeros((L, D, B, 4 * C)), jnp.zeros((L, D, B, C))
     slots = jnp.zeros((L, D, B, S, 4 * C)), jnp.zeros((L, D, B, S, C)), jnp.zeros((L, D, B, S, C))
-    forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c, jnp.ones((L, B, S), jnp.int32), *slots, 3.0)  # on this CPU: runs
+
+    def cell(z):
+        return forward_cell(0, z, jnp.zeros((L, D, 4 * C)), z[..., :C], jnp.ones((L, B, S), jnp.int32), *slots, 3.0)
+
+    z = jnp.zeros((L, D, B, 4 * C))
+    cell(z)  # on this CPU, outside shard_map: runs
     with tracing_for("tpu"), pytest.raises(UserError, match="none for TPUs"):
-        forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c, jnp.ones((L, B, S), jnp.int32), *slots, 3.0)
+        cell(z)
+    mesh = jax.make_mesh((1,), ("data",))
+    data_parallel = jax.shard_map(cell, mesh=mesh, in_specs=jax.P("data"), out_specs=jax.P("data"))
+    with pytest.raises(UserError, match="inside the data-parallel train step"):
+        jax.jit(data_parallel)(jax.device_put(z, jax.NamedSharding(mesh, jax.P("data"))))

@@ -208,6 +208,11 @@ def _call(
 
     if backend() == "tpu":
         raise UserError("lstm_cell='pallas' has kernels for GPUs (Triton), none for TPUs: use lstm_cell='xla'")
+    if backend() != "gpu" and jax.typeof(blocked[0]).manual_axis_type.varying:
+        raise UserError(
+            "lstm_cell='pallas' has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
+            "inside the data-parallel train step: use lstm_cell='xla'"
+        )
     R, C, B = blocked[0].shape[0], blocked[0].shape[-1], static["B"]
     n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS)
 
