@@ -36,7 +36,9 @@ run() {
 }
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3 | tee "$dir/pallas_cell_test.txt"
+# (tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS says otherwise)
+JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3 \
+  | tee "$dir/pallas_cell_test.txt"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=wavefront --lstm_cell=pallas
 run --config=original --per_device_batch=512 --dtype=bf16 --lstm_schedule=wavefront --lstm_cell=pallas
 run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
