@@ -60,6 +60,11 @@ def _clip(x, value):
     return x if value is None else jnp.clip(x, -value, value)
 
 
+def _dropped(x, keep_ref, index: tuple, rate: float | None):
+    """Inverted dropout of x where the keep mask (int8) at `index` is 0; none where rate is None."""
+    return x if rate is None else jnp.where(keep_ref[index] != 0, x / (1.0 - rate), 0.0)
+
+
 def _forward_kernel(
     s_ref, z_ref, b_ref, c_ref, mask_ref, _acts, _cells, _a_slots, acts_ref, cells_ref, a_slots_ref, c_out_ref, a_ref,
     *, clip, B, D,
@@ -95,9 +100,7 @@ def _output_kernel(
     below, after = jnp.maximum(layer - 1, 0), jnp.minimum(at.s + 1, S - 1)
 
     def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
-        return (
-            x if rate is None else jnp.where(keep_ref[keep_layer, d, b, slot, at.columns] != 0, x / (1.0 - rate), 0.0)
-        )
+        return _dropped(x, keep_ref, (keep_layer, d, b, slot, at.columns), rate)
 
     # This step's inputs: layer 0's x, layer l's the outputs of layer l - 1 a step earlier.
     upper = outs_ref[below, d, b, jnp.maximum(at.s - 1, 0), at.columns]
@@ -160,9 +163,7 @@ def _backward_output_kernel(
         return mask_ref[l, b, slot][:, None] != 0
 
     def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
-        return (
-            x if rate is None else jnp.where(keep_ref[keep_layer, d, b, slot, at.columns] != 0, x / (1.0 - rate), 0.0)
-        )
+        return _dropped(x, keep_ref, (keep_layer, d, b, slot, at.columns), rate)
 
     def input_gradient(l):
         """Layer l's input gradient at slot s: its half of the matmul's, and the output gradient

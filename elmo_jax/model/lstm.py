@@ -18,7 +18,7 @@ Two schedules of the layers, the same numbers (`ModelConfig.lstm_schedule`):
 
 Both run `_wavefront` (a single layer is a wavefront of one); its gradient is written by hand
 and runs the same diagonal backwards. With several layers, the training step's cell can run as
-Pallas kernels of our own, one a step each way (`ModelConfig.lstm_cell`, `cell_kernels`).
+Pallas kernels of our own, two a step each way (`ModelConfig.lstm_cell`, `cell_kernels`).
 """
 
 from __future__ import annotations
@@ -195,8 +195,7 @@ def _wave_forward(
     widths, dtypes = (widths + (W_proj.shape[2],), dtypes + (st.dtype,)) if own_cell else (widths, dtypes)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
-    ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
-    keep_8, rate = (None, None) if keep_KDBSP is None or not own_cell else (keep_KDBSP.astype(jnp.int8), st.dropout)
+    ran_LBS, keep_8, rate = _kernel_masks(mask_LBS, keep_KDBSP, st.dropout) if own_cell else (None, None, None)
 
     def step(s, carry):
         h, c, buffers = carry
@@ -274,6 +273,13 @@ def _wave_forward(
     )
 
 
+def _kernel_masks(mask_LBS, keep_KDBSP, rate: float):
+    """The mask and keep masks as `cell_kernels` reads them: int32 (L, B, S), int8 (L - 1, D, B,
+    S, P) or None, with the dropout rate (None without keep masks)."""
+    keep = (None, None) if keep_KDBSP is None else (keep_KDBSP.astype(jnp.int8), rate)
+    return mask_LBS.astype(jnp.int32), *keep
+
+
 def _layer_outputs(h_new, inputs, mask, skip_L):
     """What a layer passes on: its projection, plus its input where it has a residual; 0 where
     masked."""
@@ -315,8 +321,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
     own_cell = L > 1 and st.cell == "pallas"  # as the forward's (`cell_kernels`)
-    ran_LBS = mask_LBS.astype(jnp.int32) if own_cell else None
-    keep_8, rate = (None, None) if keep_KDBSP is None or not own_cell else (keep_KDBSP.astype(jnp.int8), st.dropout)
+    ran_LBS, keep_8, rate = _kernel_masks(mask_LBS, keep_KDBSP, st.dropout) if own_cell else (None, None, None)
 
     def output_gradients(s, d_h, d_above):
         """Slot s's gradient of the layers' outputs and of their unclipped projections. Where
