@@ -167,6 +167,7 @@ def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touc
     place, the gates' gradient written into its slot and for the matmul."""
     xla, _ = planned
     plan, text = _plan_demo(tmp_path, 1, settings=("lstm_schedule=wavefront", "lstm_cell=pallas"))
+    assert (plan["lstm_cell"], xla["lstm_cell"]) == ("pallas", "xla")
     program = Program(text)
     kernels = program.kernels()
     rows, bf16, f32 = L * D * B, 2, 4

@@ -141,7 +141,7 @@ def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
     print(json.dumps(result))
 
 
-def plan_estimate(name: str, device, compiled, B: int, T: int, lstm_schedule: str, step_s: float) -> dict | None:
+def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConfig, step_s: float) -> dict | None:
     """`elmo-jax plan`'s estimate of the compiled step on target `name` ("auto": this device's
     chip, None where plan does not know it), beside the measured step time `step_s`."""
     from elmo_jax.plan.program import CompiledStep, memory_of
@@ -151,7 +151,8 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, lstm_schedule: st
     chip = for_device_kind(device.device_kind) if name == "auto" else target(name)
     if chip is None:
         return None
-    r = estimate(CompiledStep(compiled.as_text(), memory_of(compiled), B, T, 1, lstm_schedule, 0.0), chip)
+    step = CompiledStep(compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, config.lstm_cell)
+    r = estimate(step, chip)
     keys = ("step_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
     return {
         "target": chip.name,
@@ -267,7 +268,7 @@ def main() -> None:
     if args.profile:
         trace = step_profile.profile_steps(run, [(b,) for b in host[args.warmup + args.steps :]])
         profile = step_profile.breakdown(trace, step_fn.as_text(), args.profile)
-    estimate = plan_estimate(args.plan_target, device, step_fn, B, T, schedule(config), step_s)
+    estimate = plan_estimate(args.plan_target, device, step_fn, B, T, config, step_s)
     peak = matmul_peak(DTYPES[args.dtype])
     result = {
         "config": args.config,

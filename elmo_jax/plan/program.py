@@ -36,6 +36,7 @@ class CompiledStep:
     devices: int
     lstm_schedule: str
     compile_s: float
+    lstm_cell: str = "xla"
 
     @property
     def needs_bytes(self) -> int:
@@ -125,7 +126,9 @@ def compile_train_step(
         compiled = compile_within_memory(step.lower(state, batch), target, per_device_batch)
         seconds = time.perf_counter() - start
         lstm_schedule = schedule(model)
-    return CompiledStep(compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds)
+    return CompiledStep(
+        compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds, model.lstm_cell
+    )
 
 
 def compile_within_memory(lowered, target: Target, per_device_batch: int):
