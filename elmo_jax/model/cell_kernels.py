@@ -29,6 +29,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend
@@ -42,22 +43,36 @@ _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its c
 
 
 class _Block:
-    """Where grid program (i, k) works: its rows and columns of the (L * D * B, C) cell arrays,
-    the slot s (the loop's counter, or S - 1 - it where the loop counts down), and which rows ran
-    at s (the mask (L, B, S) of its rows' layer)."""
+    """Where grid program (i, k) works: its rows of the (L * D * B, .) arrays (of one layer and
+    direction: `layer`, `d`, and `b` of the B rows) and its columns, the slot s (the loop's
+    counter, or S - 1 - it where the loop counts down), and which rows ran at s (the mask
+    (L, B, S))."""
 
     def __init__(self, counter_ref, mask_ref, n_rows: int, n_columns: int, B: int, D: int, down: bool):
-        from jax.experimental import pallas as pl
-
-        i, k = pl.program_id(0), pl.program_id(1)
-        first = i * n_rows
+        i, self._k = pl.program_id(0), pl.program_id(1)
+        first, self._n_rows, self._n_columns, self._layer_rows = i * n_rows, n_rows, n_columns, D * B
+        self.layer, self.d, self.b = first // (D * B), first // B % D, pl.ds(first % B, n_rows)
         self.s = mask_ref.shape[2] - 1 - counter_ref[0] if down else counter_ref[0]
-        self.rows, self.columns = pl.ds(first, n_rows), pl.ds(k * n_columns, n_columns)
-        self.ran = mask_ref[first // (D * B), pl.ds(first % B, n_rows), self.s][:, None] != 0
+        self.rows, self.columns = pl.ds(first, n_rows), self.columns_from(0)
+        self.ran = mask_ref[self.layer, self.b, self.s][:, None] != 0
+
+    def rows_of(self, layer):
+        """The rows of the same direction and batch rows in another layer."""
+        return pl.ds(layer * self._layer_rows + self.rows.start % self._layer_rows, self._n_rows)
+
+    def columns_from(self, offset: int):
+        """This program's columns of an array whose columns start at `offset`."""
+        return pl.ds(offset + self._k * self._n_columns, self._n_columns)
 
 
-def _clip(x, value):
+def clipped(x, value: float | None):
+    """x clipped to [-value, value] (None: not clipped)."""
     return x if value is None else jnp.clip(x, -value, value)
+
+
+def clipped_gradient(g, x, value: float | None):
+    """The gradient g of a clip's output at its input x: g where |x| < value, else 0."""
+    return g if value is None else jnp.where(jnp.abs(x) < value, g, 0.0)
 
 
 def _dropped(x, keep_ref, index: tuple, rate: float | None):
@@ -78,7 +93,7 @@ def _forward_kernel(
         acts.append(act.astype(jnp.float32))  # the values the backward pass reads back
     si, tj, sf, so = acts
     c = c_ref[...]
-    c_new = _clip(sf * c + si * tj, clip)
+    c_new = clipped(sf * c + si * tj, clip)
     c_kept = jnp.where(at.ran, c_new, c)
     c_out_ref[...] = c_kept
     cells_ref[at.rows, at.s, at.columns] = c_kept
@@ -91,12 +106,10 @@ def _output_kernel(
     s_ref, h_raw_ref, h_ref, mask_ref, x_ref, keep_ref, _h_slots, _outs, h_slots_ref, outs_ref, h_out_ref, rows_ref,
     *, clip, skip, rate, B, D,
 ):  # fmt: skip
-    from jax.experimental import pallas as pl
 
     at = _Block(s_ref, mask_ref, *h_ref.shape, B, D, down=False)
     L, S, P = outs_ref.shape[0], outs_ref.shape[3], outs_ref.shape[4]
-    first, n_rows = pl.program_id(0) * h_ref.shape[0], h_ref.shape[0]
-    layer, d, b = first // (D * B), first // B % D, pl.ds(first % B, n_rows)
+    layer, d, b = at.layer, at.d, at.b
     below, after = jnp.maximum(layer - 1, 0), jnp.minimum(at.s + 1, S - 1)
 
     def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
@@ -106,7 +119,7 @@ def _output_kernel(
     upper = outs_ref[below, d, b, jnp.maximum(at.s - 1, 0), at.columns]
     upper = jnp.where(at.s == 0, 0.0, dropped(upper, below, at.s))
     inputs = jnp.where(layer == 0, x_ref[d, b, at.s, at.columns], upper)
-    h_new = _clip(h_raw_ref[...], clip)
+    h_new = clipped(h_raw_ref[...], clip)
     out = jnp.where(at.ran, jnp.where(skip & (layer > 0), h_new + inputs, h_new), 0.0)
     h = jnp.where(at.ran, h_new, h_ref[...])
     h_out_ref[...] = h
@@ -115,11 +128,9 @@ def _output_kernel(
     # The next step's matmul operand [inputs; h]: this block's h, and the inputs of the layer
     # above (this block's outputs) or, from the top layer, layer 0's (x).
     above = (layer + 1) % L
-    rows_ref[pl.ds(first, n_rows), pl.ds(P + pl.program_id(1) * h_ref.shape[1], h_ref.shape[1])] = h.astype(
-        rows_ref.dtype
-    )
+    rows_ref[at.rows, at.columns_from(P)] = h.astype(rows_ref.dtype)
     next_inputs = jnp.where(layer == L - 1, x_ref[d, b, after, at.columns], dropped(out, layer, after))
-    rows_ref[pl.ds(first + (above - layer) * D * B, n_rows), at.columns] = next_inputs.astype(rows_ref.dtype)
+    rows_ref[at.rows_of(above), at.columns] = next_inputs.astype(rows_ref.dtype)
 
 
 def _backward_kernel(
@@ -136,8 +147,7 @@ def _backward_kernel(
     d_a, d_c = d_a_ref[...].astype(jnp.float32), d_c_ref[...]
     tc = jnp.tanh(c_new)
     d_c_raw = jnp.where(at.ran, d_c, 0.0) + d_a * so * (1.0 - tc * tc)
-    if clip is not None:
-        d_c_raw = jnp.where(jnp.abs(c_new) < clip, d_c_raw, 0.0)
+    d_c_raw = clipped_gradient(d_c_raw, c_new, clip)
     d_acts = (d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc)
     for g, ((slope, _, shift), act, d_act) in enumerate(zip(GATES, acts, d_acts, strict=True)):
         tanh_of_act = (act - shift) / slope
@@ -151,13 +161,10 @@ def _backward_output_kernel(
     i_ref, d_h_ref, d_h_raw_ref, mask_ref, d_in_h_ref, d_out_ref, h_ref, keep_ref, _d_ins, _d_h_raws,
     d_ins_ref, d_h_raws_ref, d_h_prev_ref, d_h_raw_next_ref, *, clip, skip, rate, B, D,
 ):  # fmt: skip
-    from jax.experimental import pallas as pl
 
     at = _Block(i_ref, mask_ref, *d_h_ref.shape, B, D, down=True)
     L, S, P = d_ins_ref.shape[0], d_ins_ref.shape[3], d_ins_ref.shape[4]
-    n_rows = d_h_ref.shape[0]
-    first = pl.program_id(0) * n_rows
-    layer, d, b, s = first // (D * B), first // B % D, pl.ds(first % B, n_rows), at.s
+    layer, d, b, s = at.layer, at.d, at.b, at.s
 
     def ran(l, slot):
         return mask_ref[l, b, slot][:, None] != 0
@@ -172,12 +179,11 @@ def _backward_output_kernel(
         passed = dropped(d_ins_ref[up, d, b, later, at.columns], jnp.minimum(l, L - 2), later)
         passed = jnp.where((s < S - 1) & (l < L - 1), passed, 0.0)
         d_out = jnp.where(ran(l, s), d_out_ref[l, d, b, s, at.columns] + passed, 0.0)
-        rows = pl.ds(l * D * B + first % (D * B), n_rows)
-        return d_in_h_ref[rows, at.columns] + jnp.where(skip & (l > 0), d_out, 0.0)
+        return d_in_h_ref[at.rows_of(l), at.columns] + jnp.where(skip & (l > 0), d_out, 0.0)
 
     d_ins_ref[layer, d, b, s, at.columns] = input_gradient(layer)
     d_h_raws_ref[layer, d, b, s, at.columns] = d_h_raw_ref[...]
-    d_h_prev = d_in_h_ref[pl.ds(first, n_rows), pl.ds(P + pl.program_id(1) * d_h_ref.shape[1], d_h_ref.shape[1])]
+    d_h_prev = d_in_h_ref[at.rows, at.columns_from(P)]
     d_h_prev += jnp.where(ran(layer, s), 0.0, d_h_ref[...])
     d_h_prev_ref[...] = d_h_prev
     # Slot s - 1's gradient of the unclipped projection: its output gradient (with what the layer
@@ -188,8 +194,7 @@ def _backward_output_kernel(
     ran_earlier = ran(layer, earlier)
     d_out = jnp.where(ran_earlier, d_out_ref[layer, d, b, earlier, at.columns] + passed, 0.0)
     d_h_raw = d_out + jnp.where(ran_earlier, d_h_prev, 0.0)
-    if clip is not None:
-        d_h_raw = jnp.where(jnp.abs(h_ref[layer, d, b, earlier, at.columns]) < clip, d_h_raw, 0.0)
+    d_h_raw = clipped_gradient(d_h_raw, h_ref[layer, d, b, earlier, at.columns], clip)
     d_h_raw_next_ref[...] = d_h_raw.astype(d_h_raw_next_ref.dtype)
 
 
@@ -205,8 +210,6 @@ def _call(
     inputs the loop's counter, `blocked` (R, C) or (R, 4, C) cut into blocks, the mask (L, B, S),
     `whole` (passed whole: read or written at slot s); outputs `out_shape`, those with
     `out_blocked` cut into blocks."""
-    from jax.experimental import pallas as pl
-
     if backend() == "tpu":
         raise UserError("lstm_cell='pallas' has kernels for GPUs (Triton), none for TPUs: use lstm_cell='xla'")
     if backend() != "gpu" and jax.typeof(blocked[0]).manual_axis_type.varying:

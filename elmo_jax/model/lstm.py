@@ -34,7 +34,15 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
-from elmo_jax.model.cell_kernels import GATES, backward_cell, backward_output, forward_cell, forward_output
+from elmo_jax.model.cell_kernels import (
+    GATES,
+    backward_cell,
+    backward_output,
+    clipped,
+    clipped_gradient,
+    forward_cell,
+    forward_output,
+)
 from elmo_jax.model.matmul import einsum, rounded_einsum
 
 
@@ -68,14 +76,6 @@ def init_lstm(rng: jax.Array, config: ModelConfig) -> Params:
             "W_P_0": _glorot_uniform(k_p, (2, C, P)),
         }
     return params
-
-
-def _clip(x: jax.Array, value: float | None) -> jax.Array:
-    return x if value is None else jnp.clip(x, -value, value)
-
-
-def _clip_grad(g: jax.Array, x: jax.Array, value: float | None) -> jax.Array:
-    return g if value is None else jnp.where(jnp.abs(x) < value, g, 0.0)
 
 
 class _Clips(NamedTuple):
@@ -221,9 +221,9 @@ def _wave_forward(
             acts = _at_slot(buffers[1], s).astype(jnp.float32)
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         c_raw = sf * c + si * tj
-        c_new = _clip(c_raw, st.clips.cell)
+        c_new = clipped(c_raw, st.clips.cell)
         h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
-        h_new = _clip(h_raw, st.clips.proj)
+        h_new = clipped(h_raw, st.clips.proj)
         m = mask_LBS[:, None, :, s, None]
         out = _layer_outputs(h_new, inputs, m, skip_L)
         h, c = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
@@ -329,7 +329,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         where the unclipped value was. Where it did not, every gradient of the step is 0."""
         m = mask_LBS[:, None, :, s, None]
         d_out = jnp.where(m, _at_slot(d_out_LDBSP, s) if L == 1 else _at_slot(d_out_LDBSP, s) + d_above, 0.0)
-        return d_out, _clip_grad(d_out + jnp.where(m, d_h, 0.0), _at_slot(h_LDBSP, s), st.clips.proj)
+        return d_out, clipped_gradient(d_out + jnp.where(m, d_h, 0.0), _at_slot(h_LDBSP, s), st.clips.proj)
 
     def step(i, carry):
         s = S - 1 - i
@@ -344,7 +344,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         si, tj, sf, so = jnp.split(acts, 4, axis=-1)
         tc = jnp.tanh(c_new)
         d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
-        d_c_raw = _clip_grad(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
+        d_c_raw = clipped_gradient(jnp.where(m, d_c, 0.0) + d_a * so * (1.0 - tc * tc), c_new, st.clips.cell)
         d_acts = jnp.concatenate([d_c_raw * tj, d_c_raw * si, d_c_raw * c_prev, d_a * tc], axis=-1)
         tanh_of_acts = (acts - shift) / scale
         d_gates = d_acts * scale * slope * (1.0 - tanh_of_acts * tanh_of_acts)
