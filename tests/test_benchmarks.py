@@ -22,6 +22,7 @@ COMMANDS = {
         (
             "tokens_per_sec",
             "step_time_s",
+            "back_to_back_step_s",
             "compile_s",
             "profile.ops_per_step",
             "profile.op_seconds_per_step",

@@ -20,6 +20,7 @@ import jax
 from elmo_jax.plan.hlo import computations, instructions, loops
 
 PARTS = ("lstm", "token_encoder", "softmax", "sampler", "dropout", "optimizer")
+LIBRARY = "library kernels"  # run inside a command buffer, under no HLO instruction's name
 CONTAINERS = {"while", "call", "conditional", "async-start", "async-done", "async-update"}
 
 
@@ -57,7 +58,8 @@ def part_of(op_name: str) -> str:
 def _events(trace_dir: str, module: str):
     """(op name, seconds) of each op event of `module` in the trace: from the device planes
     when there are any (their per-op line, else their stream lines), else from the host's
-    threads (CPU)."""
+    threads (CPU). A kernel run inside a command buffer (a CUDA graph: its `hlo_op` names the
+    buffer) is named by its kernel (an HLO instruction's name with '.' and '-' written '_')."""
     from jax.profiler import ProfileData
 
     path = next(Path(trace_dir).rglob("*.xplane.pb"))
@@ -72,18 +74,28 @@ def _events(trace_dir: str, module: str):
             for event in line.events:
                 stats = dict(event.stats)
                 name = stats.get("hlo_op") or (event.name if per_op else None)
+                if name and name.startswith("command_buffer"):
+                    name = event.name
                 if name and module in str(stats.get("hlo_module", module)):
                     found.append((name, event.duration_ns / 1e9))
     return found
+
+
+def _kernel_names(ops: dict[str, dict]) -> dict[str, str]:
+    """HLO instruction name by the name of the kernel it compiles to ('.' and '-' as '_')."""
+    return {re.sub(r"[.-]", "_", name): name for name in ops}
 
 
 def breakdown(trace_dir: str, hlo_text: str, steps: int, module: str = "train_step", top: int = 15) -> dict:
     """Device time per step, ops run per step, the top ops by time and each part's share."""
     ops = hlo_ops(hlo_text)
     per_op, counts = collections.Counter(), collections.Counter()
+    kernels = _kernel_names(ops)
     for name, seconds in _events(trace_dir, module):
-        info = ops.get(name)
-        if info is None or info["opcode"] in CONTAINERS:
+        name = name if name in ops else kernels.get(name, name)
+        if name not in ops:  # a library's kernel (cuBLAS, a sort, a copy) run by a command buffer
+            ops[name] = {"opcode": "kernel", "op_name": "", "part": LIBRARY, "in_recurrent_loop": False}
+        if ops[name]["opcode"] in CONTAINERS:
             continue  # a loop or call: its ops are counted themselves
         per_op[name] += seconds / steps
         counts[name] += 1

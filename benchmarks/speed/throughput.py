@@ -1,19 +1,23 @@
 """Train-step or embedding throughput of a named config on one device.
 
     python -m benchmarks.speed.throughput --config=original --per_device_batch=128 [--dtype=bf16|f32]
-        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=xla|pallas] [--profile=STEPS]
+        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=auto|xla|pallas] [--profile=STEPS]
+        [--trace_dir=DIR]
 
-`--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a
-published size or `cpu_peer`, feeds it batches from the real batcher over a synthetic Zipfian
-corpus with the config's vocabulary size, warms up, then times steps. Prints tokens/s, step time
-(median and spread), compile time, analytic FLOPs per token (every position through the whole
-network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against a matmul peak measured on the
-same device in the same run, and peak device memory. A token is one corpus position, processed
-by both directions. `--profile=N` then traces N more steps with `jax.profiler` and prints where
-their time goes (benchmarks/speed/step_profile.py): the top ops, the ops run per step and the shares of
-the LSTM loops, token encoder, softmax, sampler, dropout and optimizer. On a chip that
-`elmo-jax plan` knows (an H200, H100, A100, TPU v5e/v5p/v6e), the step's own compiled program is
-read as `plan` reads it, and its estimated step time is reported beside the measured one
+`--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a published
+size or `cpu_peer`, feeds it batches from the real batcher over a synthetic Zipfian corpus with the
+config's vocabulary size, warms up, then times steps. Prints tokens/s, step time (median and
+spread) and the step time of the same steps dispatched back to back with their batches already on
+the device (one wait at the end, as the train loop runs), compile time, analytic FLOPs per token
+(every position through the whole network, docs/MODEL.md section 5), achieved TFLOP/s, MFU against
+a matmul peak measured on the same device in the same run, and peak device memory. A token is one
+corpus position, processed by both directions. `--profile=N` then traces N more steps with
+`jax.profiler` and prints where their time goes (benchmarks/speed/step_profile.py): the top ops,
+the ops run per step and the shares of the LSTM loops, token encoder, softmax, sampler, dropout and
+optimizer; `--trace_dir=DIR` keeps that trace (TensorBoard's profile plugin or Perfetto read it)
+and the compiled program's text (DIR/program.hlo) to read it against. On a chip that `elmo-jax
+plan` knows (an H200, H100, A100, TPU v5e/v5p/v6e), the step's own compiled program is read as
+`plan` reads it, and its estimated step time is reported beside the measured one
 (`--plan_target=NAME` forces a target: on a CPU, only to exercise the code).
 
 `--mode=embed` runs the embedding path of `launch.py embed` (`Embedder`: each distinct word
@@ -32,6 +36,7 @@ import functools
 import json
 import statistics
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +48,7 @@ from elmo_jax import settings
 from elmo_jax.config import ModelConfig
 from elmo_jax.host_memory import keep_freed_memory
 from elmo_jax.model.bilm import init_params
-from elmo_jax.model.lstm import schedule
+from elmo_jax.model.lstm import cell, schedule
 from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
 from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
@@ -151,7 +156,7 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConf
     chip = for_device_kind(device.device_kind) if name == "auto" else target(name)
     if chip is None:
         return None
-    step = CompiledStep(compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, config.lstm_cell)
+    step = CompiledStep(compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, cell(config))
     r = estimate(step, chip)
     keys = ("step_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
     return {
@@ -179,13 +184,14 @@ def main() -> None:
         metavar="STEPS",
         help="train: also trace this many steps with jax.profiler and print where their time goes",
     )
+    parser.add_argument("--trace_dir", default=None, help="train: keep the --profile trace and program text here")
     parser.add_argument("--unroll_steps", type=int, default=20)
     parser.add_argument("--scan_unroll", type=int, default=1, help="jax.lax.scan unroll of the LSTM time loop")
     parser.add_argument(
         "--lstm_schedule", default="auto", choices=LSTM_SCHEDULES, help="the LSTM layers in one loop or a loop each"
     )
     parser.add_argument(
-        "--lstm_cell", default="xla", choices=settings.LSTM_CELLS, help="train: the LSTM cell, XLA's or our kernels"
+        "--lstm_cell", default="auto", choices=settings.LSTM_CELLS, help="train: the LSTM cell, XLA's or our kernels"
     )
     parser.add_argument(
         "--backward_order",
@@ -260,13 +266,22 @@ def main() -> None:
         times.append(time.perf_counter() - start)
 
     step_s = statistics.median(times)
+    on_device = jax.device_put(host[args.warmup : args.warmup + args.steps])
+    jax.block_until_ready(on_device)
+    start = time.perf_counter()
+    for batch in on_device:
+        loss = run(batch)
+    jax.block_until_ready(loss)
+    back_to_back_s = (time.perf_counter() - start) / len(on_device)
     tokens_per_sec = tokens_per_step / step_s
     flops = flops_per_token(config, negatives)
     achieved = flops * tokens_per_sec
     stats = device.memory_stats() or {}  # before the peak matmul, whose autotuning allocates too
     profile = None
     if args.profile:
-        trace = step_profile.profile_steps(run, [(b,) for b in host[args.warmup + args.steps :]])
+        trace = step_profile.profile_steps(run, [(b,) for b in host[args.warmup + args.steps :]], args.trace_dir)
+        if args.trace_dir:
+            Path(trace, "program.hlo").write_text(step_fn.as_text())
         profile = step_profile.breakdown(trace, step_fn.as_text(), args.profile)
     estimate = plan_estimate(args.plan_target, device, step_fn, B, T, config, step_s)
     peak = matmul_peak(DTYPES[args.dtype])
@@ -276,7 +291,7 @@ def main() -> None:
         "dtype": args.dtype,
         "scan_unroll": args.scan_unroll,
         "lstm_schedule": schedule(config),
-        "lstm_cell": config.lstm_cell,
+        "lstm_cell": cell(config),
         "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,
@@ -286,6 +301,7 @@ def main() -> None:
         "tokens_per_sec": tokens_per_sec,
         "step_time_s": step_s,
         "step_time_spread_s": [min(times), max(times)],
+        "back_to_back_step_s": back_to_back_s,
         "compile_s": compile_s,
         "gflop_per_token": flops / 1e9,
         "achieved_tflops": achieved / 1e12,
@@ -299,7 +315,8 @@ def main() -> None:
         f"{args.config} {args.mode} {args.dtype} B={B} {schedule(config)} {args.backward_order} order "
         f"({distinct:.0f} distinct words a batch) on {device.device_kind}: "
         f"{tokens_per_sec:,.0f} tokens/s, "
-        f"step {1000 * step_s:.1f} ms (min {1000 * min(times):.1f}, max {1000 * max(times):.1f}), "
+        f"step {1000 * step_s:.1f} ms (min {1000 * min(times):.1f}, max {1000 * max(times):.1f}; "
+        f"back to back {1000 * back_to_back_s:.1f}), "
         f"compile {compile_s:.1f} s, {flops / 1e9:.3f} GFLOP/token, {achieved / 1e12:.2f} TFLOP/s, "
         f"MFU {100 * achieved / peak:.1f}% of a measured {peak / 1e12:.1f} TFLOP/s matmul"
     )
