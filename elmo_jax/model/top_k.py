@@ -1,6 +1,7 @@
 """`lax.top_k`'s indices of a long vector without sorting it. On GPUs XLA's top_k of k = 8192
 out of LM1B's 793k words falls back from CUB to a sort of the whole vector; here the k-th
-largest value is found a byte at a time (4 counting passes, each one fused reduction), the k
+largest value is found 4 bits at a time (8 counting passes of 16 candidates, each one fused
+reduction: on an H200, 256 candidates a byte took 0.7 ms a step, docs/PERFORMANCE.md), the k
 above it are gathered in index order, and only those k are sorted. The same indices as
 `lax.top_k`, ties by lower index."""
 
@@ -10,6 +11,10 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.model.backend import backend
+
+# Bits of the k-th largest key set per counting pass: each pass compares every key with 2 **
+# DIGIT_BITS candidates, and 32 / DIGIT_BITS passes run one after another.
+DIGIT_BITS = 4
 
 
 def top_k_indices(x: jax.Array, k: int) -> jax.Array:
@@ -38,11 +43,11 @@ def _ordered_keys(x: jax.Array) -> jax.Array:
 
 
 def _kth_largest(keys: jax.Array, k: int) -> jax.Array:
-    """The k-th largest of `keys` (uint32): the largest t with at least k keys >= t, set a byte
-    at a time from the top (each byte: how many keys reach each of its 256 values)."""
+    """The k-th largest of `keys` (uint32): the largest t with at least k keys >= t, set a digit
+    of DIGIT_BITS at a time from the top (each digit: how many keys reach each of its values)."""
     t = jnp.uint32(0)
-    for shift in (24, 16, 8, 0):
-        candidates = t | (jnp.arange(256, dtype=jnp.uint32) << shift)
-        reach = jnp.sum(keys[None, :] >= candidates[:, None], axis=1)  # (256,), falling
+    for shift in range(32 - DIGIT_BITS, -1, -DIGIT_BITS):
+        candidates = t | (jnp.arange(1 << DIGIT_BITS, dtype=jnp.uint32) << shift)
+        reach = jnp.sum(keys[None, :] >= candidates[:, None], axis=1)  # (2 ** DIGIT_BITS,), falling
         t = candidates[jnp.sum(reach >= k) - 1]
     return t
