@@ -104,6 +104,26 @@ def _conv_then_max(x, w):
     return jnp.max(y, axis=1).astype(jnp.float32)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_char_cnn_max_and_ties_are_one_reduction_or_the_positions_one_by_one(dtype):
+    """The max over positions and the count of ties (`_over_positions`): on a CPU one reduction,
+    traced for a GPU one position's slice after another. Both give the same values, -inf where
+    no position is inside and ties among small integers included."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.token_encoder import _over_positions
+
+    rng = np.random.default_rng(3)
+    y = jnp.asarray(rng.integers(-3, 4, size=(16, 9, 12)), dtype).at[:, 5:, 7:].set(-jnp.inf).at[:, :, 11].set(-jnp.inf)
+    hits = (y == y.max(axis=1, keepdims=True)).astype(jnp.int32)
+    for x, ops, want in ((y, (jnp.maximum, jnp.max), y.max(axis=1)), (hits, (jnp.add, jnp.sum), hits.sum(axis=1))):
+        one_reduction = _over_positions(x, *ops)
+        with tracing_for("gpu"):
+            one_by_one = _over_positions(x, *ops)
+        np.testing.assert_array_equal(one_reduction, want)
+        np.testing.assert_array_equal(one_by_one, want)
+    assert (hits.sum(axis=1) > 1).mean() > 0.3  # many ties
+
+
 def test_char_filter_gradients_split_ties_and_sum_in_float32():
     """The char CNN's filters (`_conv_max`: one matmul of each position's characters for all
     filters, then the max, differentiated by hand), three widths. Small integers make every

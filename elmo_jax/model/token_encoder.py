@@ -66,10 +66,12 @@ def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str) ->
     `dtype`: the max of rounded values is the rounded max, at half the bytes of float32.
 
     Differentiated by hand as TF's max (the gradient split evenly among the positions that tie
-    for the max, counted in the max's own pass): the gradient at every position is built once,
-    in `dtype`, where autodiff wrote a tie mask, float32 and `dtype` copies and counted the ties
-    again. The filter gradients are float32 sums over every word and position (and over
-    devices, where the words are split), never rounded to a narrower compute dtype."""
+    for the max): the gradient at every position is built once, in `dtype`, where autodiff wrote
+    a tie mask and float32 and `dtype` copies. The forward pass is the max alone, the ties are
+    counted in the backward pass (`_over_positions`): on an H200 one reduction that did both ran
+    at a tenth of the memory bandwidth (docs/PERFORMANCE.md). The filter gradients are float32 sums
+    over every word and position (and over devices, where the words are split), never rounded to
+    a narrower compute dtype."""
     return _conv_max_forward(x_NCD, w_filters, dtype)[0]
 
 
@@ -88,8 +90,8 @@ def _conv_max_forward(x_NCD, w_filters, dtype):
     # The narrowest filter's C - narrowest + 1 positions, each with the widest filter's window.
     windows_NWK = _windows(jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0))), widest)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
-    max_NF, ties_NF = _max_and_ties(y_NWF, _inside(C, width_F))
-    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, y_NWF, max_NF, ties_NF)
+    max_NF = _over_positions(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf), jnp.maximum, jnp.max)
+    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, y_NWF, max_NF)
 
 
 def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
@@ -97,30 +99,24 @@ def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
     return np.arange(C - width_F.min() + 1)[:, None] <= C - width_F
 
 
-def _max_and_ties(y_NWF: jax.Array, inside_WF: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """The max over axis 1 of y where `inside` and how many positions reach it, in one pass over
-    y (no masked copy of y: a position outside enters with a count of 0, which the reduction
-    leaves out). The count is in y's dtype, as a reduction's operands must be: exact, as a row
-    is far shorter than 256."""
-
-    def larger(a, b):
-        (a_max, a_ties), (b_max, b_ties) = a, b
-        a_max, b_max = jnp.where(a_ties > 0, a_max, -jnp.inf), jnp.where(b_ties > 0, b_max, -jnp.inf)
-        top = jnp.maximum(a_max, b_max)
-        return top, jnp.where(a_max == top, a_ties, 0) + jnp.where(b_max == top, b_ties, 0)
-
-    init = (jnp.array(-jnp.inf, y_NWF.dtype), jnp.array(0, y_NWF.dtype))
-    counts = jnp.broadcast_to(jnp.asarray(inside_WF, y_NWF.dtype), y_NWF.shape)
-    return jax.lax.reduce((y_NWF, counts), init, larger, (1,))
+def _over_positions(x_NWF: jax.Array, combine, reduce) -> jax.Array:
+    """(N, W, F) -> (N, F): the positions combined (jnp.maximum and jnp.max, or jnp.add and
+    jnp.sum). On accelerators the W positions' (N, F) slices one after another, elementwise
+    kernels: XLA's GPU reduction over this middle axis moves it with transposes (0.85 ms a step
+    measured on an H200). On CPU one reduction, which XLA runs faster there than the slices."""
+    if backend() == "cpu":
+        return reduce(x_NWF, axis=1)
+    return functools.reduce(combine, [x_NWF[:, w] for w in range(x_NWF.shape[1])])
 
 
 def _conv_max_backward(dtype, residuals, g_NF):
-    windows_NWK, w_filters, y_NWF, max_NF, ties_NF = residuals
+    windows_NWK, w_filters, y_NWF, max_NF = residuals
     w_KF, width_F = _filter_bank(w_filters)
     widest, D = int(width_F.max()), w_filters[0].shape[1]
     C = y_NWF.shape[1] + int(width_F.min()) - 1  # the word's characters
     hit_NWF = (y_NWF == max_NF[:, None]) & _inside(C, width_F)
-    g_NWF = jnp.where(hit_NWF, (g_NF / ties_NF.astype(jnp.float32))[:, None].astype(y_NWF.dtype), 0)
+    ties_NF = _over_positions(hit_NWF.astype(jnp.int32), jnp.add, jnp.sum)
+    g_NWF = jnp.where(hit_NWF, (g_NF / ties_NF)[:, None].astype(y_NWF.dtype), 0)
     wide = _wide(dtype)
     dw_KF = jnp.einsum("nwk,nwf->kf", windows_NWK.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
     ends = np.cumsum([w.shape[2] for w in w_filters])
