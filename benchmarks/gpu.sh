@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# One prepared GPU run (about 9 minutes on one H200). Runs from the repository root with the
-# machine's own jax/flax/optax (no install): PYTHONPATH=. bash benchmarks/gpu.sh
+# One prepared GPU run (5 minutes on one H200 on 2026-12-04). Runs from the repository root with
+# the machine's own jax/flax/optax/orbax (no install; ml_collections, which the device image of
+# 2026-12 lacks, installed first from its wheel): PYTHONPATH=. bash benchmarks/gpu.sh
 #   - train-step throughput of the original size in bfloat16 at 128 and 512 rows with a profile
 #     of 3 traced steps (top ops by device time, the shares of the LSTM loops, token encoder,
-#     softmax, sampler and optimizer, ops launched per step) and peak device memory, at 128 rows
-#     under both LSTM schedules (wavefront, the accelerators' default, and a loop per layer), and
-#     with the LSTM cell as our Pallas kernels (lstm_cell=pallas) at 128 and 512 rows, after
-#     tests/test_lstm.py's check that they compute what XLA's cell does, run here on the GPU
-#     (Triton) to $OUT/pallas_cell_test.txt;
+#     softmax, sampler and optimizer, ops launched per step) and peak device memory, with the
+#     defaults (the wavefront schedule and our Pallas LSTM cell, after tests/test_lstm.py's
+#     check, run here on the GPU (Triton), that it computes what XLA's cell does, to
+#     $OUT/pallas_cell_test.txt) beside XLA's cell at 128 and 512 rows and a loop per layer
+#     (XLA's cell) at 128; the first run's trace and program are kept for reading offline;
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
-#     full log kept in $OUT/logs/;
+#     full log kept in $OUT/logs.tgz (with the trace);
 #   - beside each measured train step, `elmo-jax plan`'s estimate of the same compiled program
 #     (throughput.py reads it), and the table of both to $OUT/estimate_vs_measured.txt;
 #   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
@@ -34,14 +35,14 @@ run() {
   grep -E 'tokens/s|^profile|Error' "$log"
   tail -1 "$log" | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "$dir/failures.txt"
 }
-run --config=original --per_device_batch=128 --dtype=bf16 --profile=3
-run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
 # (tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS says otherwise)
 JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3 \
   | tee "$dir/pallas_cell_test.txt"
-run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=wavefront --lstm_cell=pallas
-run --config=original --per_device_batch=512 --dtype=bf16 --lstm_schedule=wavefront --lstm_cell=pallas
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --trace_dir="$dir/trace_128"
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=xla
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
 run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
+run --config=original --per_device_batch=512 --dtype=bf16 --lstm_cell=xla
 run --config=original --per_device_batch=256 --dtype=bf16
 run --config=original --per_device_batch=128 --dtype=f32
 run --config=original --per_device_batch=512 --dtype=f32
@@ -67,3 +68,5 @@ for line in open(sys.argv[1]):
             f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f}"
         )
 EOF
+# The device tool brings back at most 8 files: the logs and the first run's trace, packed.
+tar czf "$dir/logs.tgz" -C "$dir" logs trace_128 && rm -rf "$dir/logs" "$dir/trace_128"

@@ -25,7 +25,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # published sizes, wavefront on accelerators).
 LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 # The LSTM cell's elementwise work in training: XLA's fusions, or our Pallas kernels (elmo_jax/model/cell_kernels.py).
-LSTM_CELLS = ("xla", "pallas")
+LSTM_CELLS = ("auto", "xla", "pallas")
 # The backward LM's order of sentences in training (elmo_jax/text/batcher.py).
 BACKWARD_ORDERS = ("independent", "shared")
 
@@ -78,10 +78,10 @@ class TrainSettings:
         "wavefront (all LSTM layers in one time loop), layers (a loop each); auto: layers on CPU, else wavefront",
     )
     lstm_cell: str = setting(
-        "xla",
+        "auto",
         one_of(LSTM_CELLS),
         "the wavefront's training cell: xla (XLA's fusions) or pallas (our Triton kernels, two a step each way; "
-        "GPUs only, not yet run on one)",
+        "GPUs only); auto: pallas on GPUs where the schedule is the wavefront of 2+ layers, else xla",
     )
     shard_softmax: bool = setting(False, BOOL, "shard the softmax table by rows over the devices (huge vocabularies)")
     unroll_steps: int = setting(20, count(1), "the window T: time steps per row and step")

@@ -13,6 +13,7 @@ from elmo_jax.model.lstm import (
     _Stack,
     _wave_forward,
     _wavefront,
+    cell,
     dropout_keep_masks,
     input_gates,
     lstm_stacks,
@@ -345,3 +346,19 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
             jax.jit(data_parallel)(z)
     else:  # a GPU (benchmarks/gpu.sh runs these tests there): Triton's kernels run in the step
         jax.jit(data_parallel)(z)
+
+
+def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
+    """lstm_cell='auto' (the default) is the Pallas cell where it was measured faster (a GPU, its
+    default wavefront schedule, 2+ layers) and XLA's cell elsewhere; a cell named is kept."""
+    from elmo_jax.model.backend import tracing_for
+
+    two, one = random_case(2, True)[0], random_case(1, True)[0]
+    assert two.lstm_cell == "auto" and cell(two) == "xla"  # this CPU
+    with tracing_for("gpu"):
+        assert cell(two) == "pallas"
+        assert cell(dataclasses.replace(two, lstm_schedule="layers")) == "xla"
+        assert cell(one) == "xla"
+        assert cell(dataclasses.replace(two, lstm_cell="xla")) == "xla"
+    with tracing_for("tpu"):
+        assert cell(two) == "xla"

@@ -102,7 +102,7 @@ def compile_train_step(
 
     from elmo_jax.experiment import model_config, train_settings
     from elmo_jax.model.backend import tracing_for
-    from elmo_jax.model.lstm import schedule
+    from elmo_jax.model.lstm import cell, schedule
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import abstract_train_state, make_train_step
@@ -125,9 +125,9 @@ def compile_train_step(
         start = time.perf_counter()
         compiled = compile_within_memory(step.lower(state, batch), target, per_device_batch)
         seconds = time.perf_counter() - start
-        lstm_schedule = schedule(model)
+        lstm_schedule, lstm_cell = schedule(model), cell(model)
     return CompiledStep(
-        compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds, model.lstm_cell
+        compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds, lstm_cell
     )
 
 
