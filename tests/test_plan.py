@@ -265,6 +265,27 @@ def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
     assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
 
 
+# (its backend config as XLA writes it, shortened to the fields read)
+_GEMM = 'custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
+CUBLAS_MATMUL = f"""
+ENTRY %main (a: bf16[8,64,256], b: bf16[256,128]) -> (bf16[512,128], s8[1024]) {{
+  %a = bf16[8,64,256]{{2,1,0}} parameter(0)
+  %f = bf16[512,256]{{1,0}} bitcast(%a)
+  %b = bf16[256,128]{{1,0}} parameter(1)
+  ROOT %c = (bf16[512,128]{{1,0}}, s8[1024]{{0}}) custom-call(%f, %b), {_GEMM}{{"lhs_contracting_dimensions":["1"]}}}}}}
+}}
+"""
+
+
+def test_a_cublas_matmul_counts_its_flops():
+    """Autotuning on the device, XLA runs some matmuls as cuBLAS calls (custom calls whose
+    contracting dimensions are in their backend config): 2 x result elements x contracted size,
+    as the dot they replace (on the H200's own program of 2026-12-04, 1.27 of 1.81 TFLOP)."""
+    (kernel,) = Program(CUBLAS_MATMUL).kernels()
+    assert kernel.opcode == "custom-call" and kernel.dtype == "bf16"
+    assert kernel.flops == 2 * 512 * 128 * 256
+
+
 REDUCED_SLICE = """
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)

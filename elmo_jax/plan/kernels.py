@@ -1,5 +1,5 @@
 """The kernels of a compiled accelerator program (`compiled.as_text()`) and what each costs, read
-from the shapes alone: FLOPs of its dots and convolutions, bytes it reads and writes in device
+from the shapes alone: FLOPs of its dots, convolutions and cuBLAS calls, bytes it reads and writes in device
 memory, and how often it runs (the trip counts of the loops around it).
 
 A kernel is each instruction of the entry computation, of a while loop's body or condition, or
@@ -41,6 +41,10 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _DIMS = re.compile(r"\b(lhs_contracting_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _CONV_TARGET = re.compile(r'custom_call_target="__cudnn\$conv(\w*)"')
+# A cuBLAS matmul (XLA picks one over its own kernels when it autotunes on the device): its
+# contracting dimensions are in its backend config's JSON.
+_GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$')
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 # The bytes a Pallas kernel of the model declares in its custom call's metadata (JSON, its quotes
 # written \22 in the program's text).
 _DECLARED_BYTES = re.compile(re.escape(BYTES_KEY) + r"\\22:\s*\\22(\d+)\\22")
@@ -246,6 +250,8 @@ class Program:
         conv = _CONV_TARGET.search(inst.attrs)
         if inst.opcode == "custom-call" and conv:
             return self._conv_flops(inst, conv.group(1))
+        if inst.opcode == "custom-call" and _GEMM_TARGET.search(inst.attrs):
+            return self._gemm_flops(inst)
         total, dtype = 0.0, ""
         for callee in inst.called("calls"):
             f, d = self._fused_flops(callee)
@@ -267,6 +273,15 @@ class Program:
                     f, d = f + f2, d or d2
             total, dtype = total + f, dtype or d
         return total, dtype
+
+    def _gemm_flops(self, inst: Instruction) -> tuple[float, str]:
+        """A cuBLAS call: 2 x its result's elements (the first of its tuple, beside the
+        workspace) x the lhs's contracted size."""
+        lhs = self.type(inst.operands[0])
+        match = _GEMM_CONTRACTING.search(inst.attrs)
+        dims = [int(d.strip('" ')) for d in match.group(1).split(",") if d.strip()] if match else []
+        contracted = math.prod(_dims(lhs)[d] for d in dims)
+        return 2.0 * math.prod(_dims(inst.type)) * contracted, _dtype(lhs)
 
     def _fused_flops_of(self, inst: Instruction) -> tuple[float, str]:
         lhs = self.type(inst.operands[0])
