@@ -511,7 +511,7 @@ def schedule(config: ModelConfig) -> str:
 
 def cell(config: ModelConfig) -> str:
     """ "xla" or "pallas": config.lstm_cell, with "auto" resolved for the default backend (our
-    kernels on GPUs, where they measured 1.09-1.10x XLA's cell a train step on an H200, for the
+    kernels on GPUs, where they measured 1.05-1.10x XLA's cell a train step on an H200, for the
     wavefront of 2+ layers that they are written for; XLA's cell elsewhere)."""
     if config.lstm_cell != "auto":
         return config.lstm_cell

@@ -1,6 +1,6 @@
 """The kernels of a compiled accelerator program (`compiled.as_text()`) and what each costs, read
-from the shapes alone: FLOPs of its dots, convolutions and cuBLAS calls, bytes it reads and writes in device
-memory, and how often it runs (the trip counts of the loops around it).
+from the shapes alone: FLOPs of its dots, convolutions and cuBLAS calls, bytes it reads and
+writes in device memory, and how often it runs (the trip counts of the loops around it).
 
 A kernel is each instruction of the entry computation, of a while loop's body or condition, or
 of a called computation, that launches work: a fusion, a library call (cuBLAS, cuDNN), a copy,
