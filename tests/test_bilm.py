@@ -1,3 +1,5 @@
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,14 +126,23 @@ def test_the_char_cnn_max_and_ties_are_one_reduction_or_the_positions_one_by_one
     assert (hits.sum(axis=1) > 1).mean() > 0.3  # many ties
 
 
-def test_char_filter_gradients_split_ties_and_sum_in_float32():
+@pytest.mark.parametrize("traced_for", ["this CPU", "gpu"])
+def test_char_filter_gradients_split_ties_and_sum_in_float32(traced_for):
     """The char CNN's filters (`_conv_max`: one matmul of each position's characters for all
     filters, then the max, differentiated by hand), three widths. Small integers make every
     convolution value exact in bfloat16 too, so ties are exact: padding-only windows tie for the
     max. Its gradient splits each max's among the tied positions as TF's (and autodiff's) does:
     in float32 value and gradients are autodiff's of one convolution per filter. In bfloat16
     its filter gradients are still float32 sums over every word and position (what the devices
-    then sum is float32), not rounded to bfloat16 as autodiff's are."""
+    then sum is float32), not rounded to bfloat16 as autodiff's are. Traced for a GPU too (the
+    max and its ties over the positions' slices, bfloat16 products with float32 results)."""
+    from elmo_jax.model.backend import tracing_for
+
+    with tracing_for("gpu") if traced_for == "gpu" else contextlib.nullcontext():
+        _check_char_filter_gradients()
+
+
+def _check_char_filter_gradients():
     from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(0)
