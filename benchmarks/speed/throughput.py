@@ -280,9 +280,10 @@ def main() -> None:
     profile = None
     if args.profile:
         trace = step_profile.profile_steps(run, [(b,) for b in host[args.warmup + args.steps :]], args.trace_dir)
+        program = step_fn.as_text()
         if args.trace_dir:
-            Path(trace, "program.hlo").write_text(step_fn.as_text())
-        profile = step_profile.breakdown(trace, step_fn.as_text(), args.profile)
+            Path(trace, "program.hlo").write_text(program)
+        profile = step_profile.breakdown(trace, program, args.profile)
     estimate = plan_estimate(args.plan_target, device, step_fn, B, T, config, step_s)
     peak = matmul_peak(DTYPES[args.dtype])
     result = {

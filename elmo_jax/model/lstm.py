@@ -320,7 +320,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     slope, _, scale, shift = _gate_constants(c0.shape[-1])
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
-    own_cell = L > 1 and st.cell == "pallas"  # as the forward's (`cell_kernels`)
+    own_cell = a_LDBSC is not None  # the forward ran our kernels, which saved the projection's operand
     ran_LBS, keep_8, rate = _kernel_masks(mask_LBS, keep_KDBSP, st.dropout) if own_cell else (None, None, None)
 
     def output_gradients(s, d_h, d_above):

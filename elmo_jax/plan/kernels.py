@@ -194,7 +194,11 @@ class Program:
     @functools.cache  # noqa: B019 (one Program per compiled text)
     def _has_matmul(self, computation: str) -> bool:
         for inst in self.computations.get(computation, []):
-            if inst.opcode in ("dot", "convolution") or _CONV_TARGET.search(inst.attrs) or "__cublas" in inst.attrs:
+            if (
+                inst.opcode in ("dot", "convolution")
+                or _CONV_TARGET.search(inst.attrs)
+                or _GEMM_TARGET.search(inst.attrs)
+            ):
                 return True
             callees = [c for a in ("calls", "body", "to_apply", "branch_computations") for c in inst.called(a)]
             if any(self._has_matmul(c) for c in callees):
