@@ -107,23 +107,33 @@ def _conv_then_max(x, w):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_char_cnn_max_and_ties_are_one_reduction_or_the_positions_one_by_one(dtype):
-    """The max over positions and the count of ties (`_over_positions`): on a CPU one reduction,
-    traced for a GPU one position's slice after another. Both give the same values, -inf where
-    no position is inside and ties among small integers included."""
+def test_the_char_cnn_max_keeps_a_bit_for_every_tied_position(dtype):
+    """`_max_and_ties` over 45 positions (two words of bits): on a CPU reductions, traced for a
+    GPU one pass over the positions' slices. Both give the max and exactly the positions equal
+    to it, ties among small integers and -inf outside a filter's positions included; the
+    backward pass's split (`_split_among_ties`) gives each tied position its share."""
     from elmo_jax.model.backend import tracing_for
-    from elmo_jax.model.token_encoder import _over_positions
+    from elmo_jax.model.token_encoder import _max_and_ties, _split_among_ties
 
     rng = np.random.default_rng(3)
-    y = jnp.asarray(rng.integers(-3, 4, size=(16, 9, 12)), dtype).at[:, 5:, 7:].set(-jnp.inf).at[:, :, 11].set(-jnp.inf)
-    hits = (y == y.max(axis=1, keepdims=True)).astype(jnp.int32)
-    for x, ops, want in ((y, (jnp.maximum, jnp.max), y.max(axis=1)), (hits, (jnp.add, jnp.sum), hits.sum(axis=1))):
-        one_reduction = _over_positions(x, *ops)
-        with tracing_for("gpu"):
-            one_by_one = _over_positions(x, *ops)
-        np.testing.assert_array_equal(one_reduction, want)
-        np.testing.assert_array_equal(one_by_one, want)
-    assert (hits.sum(axis=1) > 1).mean() > 0.3  # many ties
+    N, W, F = 16, 45, 12
+    y = jnp.asarray(rng.integers(-3, 4, size=(N, W, F)), dtype).at[:, 40:, 7:].set(-jnp.inf)
+    y = y.at[:, 33, 5].set(9)  # the max only in the second word
+    want_max = np.asarray(y, np.float32).max(axis=1)
+    hits = np.asarray(y, np.float32) == want_max[:, None]
+    g = jnp.asarray(rng.normal(size=(N, F)), jnp.float32)
+    want_split = np.where(hits, np.asarray((g / hits.sum(axis=1)).astype(dtype), np.float32)[:, None], 0)
+    for platform in (None, "gpu"):
+        with tracing_for(platform) if platform else contextlib.nullcontext():
+            max_NF, ties_MNF = jax.jit(_max_and_ties)(y)
+        assert ties_MNF.shape == (2, N, F) and ties_MNF.dtype == jnp.uint32
+        np.testing.assert_array_equal(np.asarray(max_NF, np.float32), want_max)
+        bits = (np.asarray(ties_MNF)[np.arange(W) // 32] >> (np.arange(W) % 32)[:, None, None]) & 1
+        np.testing.assert_array_equal(bits.transpose(1, 0, 2) == 1, hits)
+        split = _split_among_ties(ties_MNF, g, W, dtype)
+        assert split.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(split, np.float32), want_split)
+    assert (hits.sum(axis=1) > 1).mean() > 0.3 and hits[:, 33, 5].all()  # many ties; the second word
 
 
 @pytest.mark.parametrize("traced_for", ["this CPU", "gpu"])

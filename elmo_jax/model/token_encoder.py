@@ -66,11 +66,11 @@ def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str) ->
     `dtype`: the max of rounded values is the rounded max, at half the bytes of float32.
 
     Differentiated by hand as TF's max (the gradient split evenly among the positions that tie
-    for the max): the gradient at every position is built once, in `dtype`, where autodiff wrote
-    a tie mask and float32 and `dtype` copies. The forward pass is the max alone, the ties are
-    counted in the backward pass (`_over_positions`): on an H200 one reduction that did both ran
-    at a tenth of the memory bandwidth (docs/PERFORMANCE.md). The filter gradients are float32 sums
-    over every word and position (and over devices, where the words are split), never rounded to
+    for the max): the forward pass keeps a bit for each position that holds the max
+    (`_max_and_ties`), not the (N, C - narrowest + 1, F) values, and the backward pass builds the
+    gradient at every position from those bits once, in `dtype`, where autodiff wrote a tie mask
+    and float32 and `dtype` copies. The filter gradients are float32 sums over every word and
+    position (and over devices, where the words are split), never rounded to
     a narrower compute dtype."""
     return _conv_max_forward(x_NCD, w_filters, dtype)[0]
 
@@ -90,8 +90,8 @@ def _conv_max_forward(x_NCD, w_filters, dtype):
     # The narrowest filter's C - narrowest + 1 positions, each with the widest filter's window.
     windows_NWK = _windows(jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0))), widest)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
-    max_NF = _over_positions(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf), jnp.maximum, jnp.max)
-    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, y_NWF, max_NF)
+    max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
+    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF)
 
 
 def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
@@ -99,24 +99,53 @@ def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
     return np.arange(C - width_F.min() + 1)[:, None] <= C - width_F
 
 
-def _over_positions(x_NWF: jax.Array, combine, reduce) -> jax.Array:
-    """(N, W, F) -> (N, F): the positions combined (jnp.maximum and jnp.max, or jnp.add and
-    jnp.sum). On accelerators the W positions' (N, F) slices one after another, elementwise
-    kernels: XLA's GPU reduction over this middle axis moves it with transposes (0.85 ms a step
-    measured on an H200). On CPU one reduction, which XLA runs faster there than the slices."""
+def _max_and_ties(y_NWF: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(N, W, F) -> the max over the W positions (N, F) and the positions that hold it, a bit
+    each: position w is bit w % 32 of word w // 32 of (M = ceil(W / 32), N, F) uint32.
+
+    The backward pass needs only these bits, not the (N, W, F) values (its largest activation).
+    On accelerators one pass over the positions' (N, F) slices carries the max and its bits
+    (elementwise: XLA's GPU reduction over this middle axis moved it with transposes, and one that
+    also counted ties ran at a tenth of an H200's memory bandwidth: docs/PERFORMANCE.md). On CPU a
+    max reduction, then the bits of the positions equal to it, which XLA runs faster there."""
+    W = y_NWF.shape[1]
+    bit_W = np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
     if backend() == "cpu":
-        return reduce(x_NWF, axis=1)
-    return functools.reduce(combine, [x_NWF[:, w] for w in range(x_NWF.shape[1])])
+        max_NF = jnp.max(y_NWF, axis=1)
+        bits_NWF = jnp.where(y_NWF == max_NF[:, None], bit_W[:, None], np.uint32(0))
+        return max_NF, jnp.stack([jnp.sum(bits_NWF[:, s : s + 32], axis=1) for s in range(0, W, 32)])
+    max_NF = functools.reduce(jnp.maximum, [y_NWF[:, w] for w in range(W)])
+    words = [
+        functools.reduce(
+            jnp.add, [jnp.where(y_NWF[:, w] == max_NF, bit_W[w], np.uint32(0)) for w in range(s, min(s + 32, W))]
+        )
+        for s in range(0, W, 32)
+    ]
+    return max_NF, jnp.stack(words)
+
+
+def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) -> jax.Array:
+    """The gradient of the max at its positions (`_max_and_ties`' bits), split evenly among
+    them as TF's max does: (N, F) -> (N, W, F) in `dtype`, zero at the other positions."""
+    share_NF = (g_NF / jnp.sum(jax.lax.population_count(ties_MNF), axis=0)).astype(dtype)
+    bit_W = np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
+    word_NWF = jnp.concatenate(
+        [
+            jnp.broadcast_to(word[:, None], (word.shape[0], min(32, W - 32 * m), word.shape[1]))
+            for m, word in enumerate(ties_MNF)
+        ],
+        axis=1,
+    )
+    return jnp.where(word_NWF & bit_W[:, None] != 0, share_NF[:, None], jnp.zeros((), dtype))
 
 
 def _conv_max_backward(dtype, residuals, g_NF):
-    windows_NWK, w_filters, y_NWF, max_NF = residuals
+    windows_NWK, w_filters, ties_MNF = residuals
     w_KF, width_F = _filter_bank(w_filters)
     widest, D = int(width_F.max()), w_filters[0].shape[1]
-    C = y_NWF.shape[1] + int(width_F.min()) - 1  # the word's characters
-    hit_NWF = (y_NWF == max_NF[:, None]) & _inside(C, width_F)
-    ties_NF = _over_positions(hit_NWF.astype(jnp.int32), jnp.add, jnp.sum)
-    g_NWF = jnp.where(hit_NWF, (g_NF / ties_NF)[:, None].astype(y_NWF.dtype), 0)
+    W = windows_NWK.shape[1]
+    C = W + int(width_F.min()) - 1  # the word's characters
+    g_NWF = _split_among_ties(ties_MNF, g_NF, W, dtype)
     wide = _wide(dtype)
     dw_KF = jnp.einsum("nwk,nwf->kf", windows_NWK.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
     ends = np.cumsum([w.shape[2] for w in w_filters])
