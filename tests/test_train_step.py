@@ -11,7 +11,7 @@ from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.parallel import data_parallel
-from elmo_jax.train.step import _loss, init_train_state, make_train_step, softmax_rows
+from elmo_jax.train.step import _SMALL_LEAF, _global_norm, _loss, init_train_state, make_train_step, softmax_rows
 
 TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
 
@@ -115,3 +115,17 @@ def test_a_few_hundred_steps_cut_heldout_perplexity(demo):
     assert before["perplexity"] > 0.5 * len(vocab)  # an untrained model is near uniform
     assert after["perplexity"] < before["perplexity"] / 5
     assert np.isfinite(float(metrics["loss"]))
+
+
+def test_the_global_norm_counts_large_and_small_leaves_once():
+    """`_global_norm`: leaves of _SMALL_LEAF elements and more summed each, the smaller ones
+    together (one reduction): the norm of all of them, as optax.tree.norm gives it."""
+    rng = np.random.default_rng(0)
+    grads = {
+        "lstm": {"W": rng.normal(size=(2, _SMALL_LEAF // 2)), "b": rng.normal(size=(7,))},
+        "proj": rng.normal(size=(_SMALL_LEAF,)) * 1e-3,
+        "filters": [rng.normal(size=(3, 5)) * 1e3, rng.normal(size=(1,))],
+    }
+    grads = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32), grads)
+    want = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(grads)))
+    np.testing.assert_allclose(jax.jit(_global_norm)(grads), want, rtol=1e-6)
