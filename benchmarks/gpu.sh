@@ -5,10 +5,11 @@
 #   - train-step throughput of the original size in bfloat16 at 128 and 512 rows with a profile
 #     of 3 traced steps (top ops by device time, the shares of the LSTM loops, token encoder,
 #     softmax, sampler and optimizer, ops launched per step) and peak device memory, with the
-#     defaults (the wavefront schedule and our Pallas LSTM cell, after tests/test_lstm.py's
-#     check, run here on the GPU (Triton), that it computes what XLA's cell does, to
-#     $OUT/pallas_cell_test.txt) beside XLA's cell at 128 and 512 rows and a loop per layer
-#     (XLA's cell) at 128; the first run's trace and program are kept for reading offline;
+#     defaults (the wavefront schedule, our Pallas LSTM cell and char CNN, after the tests,
+#     run here on the GPU (Triton), that they compute what XLA's cell and char CNN do, to
+#     $OUT/pallas_tests.txt) beside XLA's cell and XLA's char CNN at 128 and 512 rows and a
+#     loop per layer (XLA's cell) at 128; the first run's trace and program are kept for
+#     reading offline;
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs.tgz (with the trace);
@@ -36,13 +37,18 @@ run() {
   tail -1 "$log" | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "$dir/failures.txt"
 }
 # (tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS says otherwise)
-JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3 \
-  | tee "$dir/pallas_cell_test.txt"
+{
+  JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3
+  JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_bilm.py -k "pallas or many_blocks" \
+    2>&1 | tail -3
+} | tee "$dir/pallas_tests.txt"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --trace_dir="$dir/trace_128"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=xla
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --char_conv=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
 run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
 run --config=original --per_device_batch=512 --dtype=bf16 --lstm_cell=xla
+run --config=original --per_device_batch=512 --dtype=bf16 --char_conv=xla
 run --config=original --per_device_batch=256 --dtype=bf16
 run --config=original --per_device_batch=128 --dtype=f32
 run --config=original --per_device_batch=512 --dtype=f32
@@ -58,13 +64,14 @@ timeout 120 python3 -m benchmarks.speed.recurrence --config=original --per_devic
 python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys
 
-print("config | dtype | rows | LSTM schedule | LSTM cell | measured ms | estimated ms | measured / estimated")
+print("config | dtype | rows | LSTM schedule | LSTM cell | char CNN | measured ms | estimated ms | measured / estimated")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     e = r.get("estimate")
     if r["mode"] == "train" and e:
         print(
             f"{r['config']} | {r['dtype']} | {r['per_device_batch']} | {r['lstm_schedule']} | {r.get('lstm_cell', 'xla')} | "
+            f"{r.get('char_conv', 'xla')} | "
             f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f}"
         )
 EOF

@@ -67,6 +67,7 @@ class ModelConfig:
     compute_dtype: str = TrainSettings.compute_dtype
     lstm_schedule: str = TrainSettings.lstm_schedule
     lstm_cell: str = TrainSettings.lstm_cell
+    char_conv: str = TrainSettings.char_conv
     scan_unroll: int = TrainSettings.scan_unroll
 
     @classmethod
@@ -108,7 +109,7 @@ class ModelConfig:
                     f"{source}: filter width {width} exceeds "
                     f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
                 )
-        for name in ("compute_dtype", "lstm_schedule", "lstm_cell", "scan_unroll"):
+        for name in ("compute_dtype", "lstm_schedule", "lstm_cell", "char_conv", "scan_unroll"):
             value, allowed = getattr(self, name), rule(TrainSettings, name)
             if not allowed.ok(value):
                 raise UserError(f"{source}: {name} {value!r} is not {allowed.allowed}")

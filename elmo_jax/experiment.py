@@ -84,6 +84,7 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
         compute_dtype=t.compute_dtype,
         lstm_schedule=t.lstm_schedule,
         lstm_cell=t.lstm_cell,
+        char_conv=t.char_conv,
         scan_unroll=t.scan_unroll,
     )
     model.validate("config.train")

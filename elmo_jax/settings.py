@@ -26,6 +26,8 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 # The LSTM cell's elementwise work in training: XLA's fusions, or our Pallas kernels (elmo_jax/model/cell_kernels.py).
 LSTM_CELLS = ("auto", "xla", "pallas")
+# The char CNN's convolutions and max over positions: XLA's, or our Pallas kernels (elmo_jax/model/char_kernels.py).
+CHAR_CONVS = ("auto", "xla", "pallas")
 # The backward LM's order of sentences in training (elmo_jax/text/batcher.py).
 BACKWARD_ORDERS = ("independent", "shared")
 
@@ -82,6 +84,12 @@ class TrainSettings:
         one_of(LSTM_CELLS),
         "the wavefront's training cell: xla (XLA's fusions) or pallas (our Triton kernels, two a step each way; "
         "GPUs only); auto: pallas on GPUs where the schedule is the wavefront of 2+ layers, else xla",
+    )
+    char_conv: str = setting(
+        "auto",
+        one_of(CHAR_CONVS),
+        "the training step's char CNN convolutions and max over positions: xla (one matmul, its result in device "
+        "memory) or pallas (our Triton kernels: the result stays on chip; GPUs only); auto: pallas on GPUs, else xla",
     )
     shard_softmax: bool = setting(False, BOOL, "shard the softmax table by rows over the devices (huge vocabularies)")
     unroll_steps: int = setting(20, count(1), "the window T: time steps per row and step")

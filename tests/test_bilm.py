@@ -136,7 +136,7 @@ def test_the_char_cnn_max_keeps_a_bit_for_every_tied_position(dtype):
     assert (hits.sum(axis=1) > 1).mean() > 0.3 and hits[:, 33, 5].all()  # many ties; the second word
 
 
-@pytest.mark.parametrize("traced_for", ["this CPU", "gpu"])
+@pytest.mark.parametrize("traced_for", ["this CPU", "gpu", "pallas"])
 def test_char_filter_gradients_split_ties_and_sum_in_float32(traced_for):
     """The char CNN's filters (`_conv_max`: one matmul of each position's characters for all
     filters, then the max, differentiated by hand), three widths. Small integers make every
@@ -145,18 +145,20 @@ def test_char_filter_gradients_split_ties_and_sum_in_float32(traced_for):
     in float32 value and gradients are autodiff's of one convolution per filter. In bfloat16
     its filter gradients are still float32 sums over every word and position (what the devices
     then sum is float32), not rounded to bfloat16 as autodiff's are. Traced for a GPU too (the
-    max and its ties over the positions' slices, bfloat16 products with float32 results)."""
+    max and its ties over the positions' slices, bfloat16 products with float32 results), and as
+    our Pallas kernels (`char_kernels`, interpreted here: blocks of words and filters, the words
+    and filters padded to whole blocks)."""
     from elmo_jax.model.backend import tracing_for
 
     with tracing_for("gpu") if traced_for == "gpu" else contextlib.nullcontext():
-        _check_char_filter_gradients()
+        _check_char_filter_gradients(kernels=traced_for == "pallas")
 
 
-def _check_char_filter_gradients():
+def _check_char_filter_gradients(kernels: bool):
     from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(0)
-    N, C, D = 64, 30, 16
+    N, C, D = 64, 40, 16  # 40 positions: two words of bits
     x64 = rng.integers(-2, 3, size=(N, C, D)).astype(np.float64)
     x64[:, 18:] = 1.0  # padding: every window from 18 on holds the same characters
     w64 = [rng.integers(-2, 3, size=(width, D, n)).astype(np.float64) for width, n in ((3, 8), (1, 4), (2, 4))]
@@ -167,7 +169,7 @@ def _check_char_filter_gradients():
     assert np.mean(np.concatenate([hit.sum(axis=1) > 1 for hit in hits], axis=1)) > 0.05  # some maxima tie
 
     def bank(dtype):
-        return lambda x, *ws: _conv_max(x, ws, dtype)
+        return lambda x, *ws: _conv_max(x, ws, dtype, kernels)
 
     def autodiff(x, *ws):
         return jnp.concatenate([_conv_then_max(x, w) for w in ws], axis=1)
@@ -199,6 +201,43 @@ def _check_char_filter_gradients():
         )
         start += w.shape[2]
     np.testing.assert_allclose(np.asarray(dx, np.float64), dx_exact, atol=2**-7 * np.abs(dx_exact).max())  # bf16
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype):
+    """Our char CNN kernels (`char_kernels`, interpreted here) against XLA's path of the same
+    function: 200 words over 4 blocks of rows (padded from 200 to 256, 4 partial sums of the filter
+    gradient), 200 filters over 2 blocks of columns (padded to 256), 37 positions (two words of
+    bits), small integers so that the products are exact and tie. The same max; the same gradients
+    (so the same ties) but for the order of their sums and, in bfloat16, XLA's rounding on CPU."""
+    from elmo_jax.model.token_encoder import _conv_max
+
+    rng = np.random.default_rng(1)
+    N, C, D = 200, 40, 16
+    x = jnp.asarray(rng.integers(-1, 2, size=(N, C, D)), dtype)
+    ws = [jnp.asarray(rng.integers(-1, 2, size=(width, D, n)), jnp.float32) for width, n in ((4, 120), (2, 80))]
+    g = jnp.asarray(rng.normal(size=(N, 200)), jnp.float32)
+    xla, xla_vjp = jax.vjp(lambda x, *ws: _conv_max(x, ws, dtype, False), x, *ws)
+    ours, our_vjp = jax.vjp(lambda x, *ws: _conv_max(x, ws, dtype, True), x, *ws)
+    np.testing.assert_array_equal(ours, xla)
+    # The characters' gradient in bfloat16: XLA on CPU rounds each window's product, ours its sum.
+    tolerances = (2e-6 if dtype == "float32" else 2**-6, 2e-6, 2e-6)
+    for got, want, tolerance in zip(our_vjp(g), xla_vjp(g), tolerances, strict=True):
+        assert got.dtype == want.dtype
+        scale = np.abs(np.asarray(want, np.float32)).max()
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tolerance * scale)
+
+
+def test_the_char_cnn_kernels_are_refused_on_a_tpu():
+    """They are Triton's: traced for a TPU, `char_conv='pallas'` says so and what to use."""
+    from elmo_jax.errors import UserError
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.token_encoder import _conv_max
+
+    x, w = jnp.zeros((4, 10, 16)), jnp.zeros((2, 16, 8))
+    _conv_max(x, (w,), "float32", True)  # on this CPU: interpreted
+    with tracing_for("tpu"), pytest.raises(UserError, match="char_conv='pallas' has kernels for GPUs"):
+        _conv_max(x, (w,), "float32", True)
 
 
 def test_bfloat16_matmul_gradients_are_float32_products():

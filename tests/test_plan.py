@@ -54,8 +54,14 @@ def _plan_demo(folder, devices: int, target: str = "h200", settings: tuple[str, 
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """The demo's step with XLA's LSTM cell (a GPU's default is ours)."""
-    return _plan_demo(tmp_path_factory.mktemp("plan"), 1, settings=("lstm_cell=xla",))
+    """The demo's step with XLA's LSTM cell and char CNN (a GPU's defaults are ours)."""
+    return _plan_demo(tmp_path_factory.mktemp("plan"), 1, settings=("lstm_cell=xla", "char_conv=xla"))
+
+
+@pytest.fixture(scope="module")
+def planned_ours(tmp_path_factory):
+    """The demo's step with a GPU's defaults: our LSTM cell and char CNN kernels."""
+    return _plan_demo(tmp_path_factory.mktemp("plan_ours"), 1)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +161,7 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
 
 @pytest.mark.slow
 @pytest.mark.launches
-def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touch(tmp_path, planned):
+def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touch(planned, planned_ours):
     """With a GPU's default cell (lstm_cell=auto: ours, the wavefront being a GPU's default
     schedule) each LSTM loop runs its matmuls and two kernels of ours besides the
     loop's counter (forward: the cell; the outputs, their save slots and the next step's
@@ -168,7 +174,7 @@ def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touc
     activations read, the cells of two slots read, the cell's gradient read and written in
     place, the gates' gradient written into its slot and for the matmul."""
     xla, _ = planned
-    plan, text = _plan_demo(tmp_path, 1)
+    plan, text = planned_ours
     assert (plan["lstm_cell"], xla["lstm_cell"]) == ("pallas", "xla")
     program = Program(text)
     kernels = program.kernels()
@@ -215,6 +221,28 @@ def test_the_char_cnn_runs_as_bfloat16_matmuls(planned):
     filter_gradients = [k for k in kernels if "nwk,nwf->kf" in k.source and k.flops]  # not split-K sums
     assert len(filter_gradients) == 1 and {k.dtype for k in filter_gradients} == {"bf16"}
     assert all(program.defs[k.name].type.startswith("f32[") for k in filter_gradients)
+
+
+@pytest.mark.slow
+@pytest.mark.launches
+def test_our_char_cnn_kernels_keep_the_convolutions_values_on_chip(planned, planned_ours):
+    """With a GPU's default char CNN (char_conv=auto: ours), the convolutions with their max and
+    its bits, and the two products of the backward pass, are three kernels of ours, each counted
+    as the bytes and bfloat16 FLOPs it declares. No (words, positions, filters) array is left in
+    the program: the token encoder moves a fraction of the bytes of XLA's path."""
+    (xla, xla_text), (plan, text) = planned, planned_ours
+    assert (plan["char_conv"], xla["char_conv"]) == ("pallas", "xla")
+    kernels = Program(text).kernels()
+    for name in ("char_cnn_max", "char_cnn_window_gradients", "char_cnn_filter_gradients"):
+        (ours,) = [k for k in kernels if name in k.source]
+        assert ours.dtype == "bf16" and ours.flops > 0 and ours.bytes > 0
+
+    def convolved(program: str) -> set:  # the shapes of (words, positions, filters) arrays
+        shapes = {tuple(int(d) for d in dims.split(",")) for dims in re.findall(r"\[([\d,]+)\]", program)}
+        return {shape for shape in shapes if shape[-2:] == (CHARS, sum(n for _, n in WIDTHS))}
+
+    assert convolved(xla_text) and not convolved(text)
+    assert plan["parts"]["token_encoder"]["bytes"] < xla["parts"]["token_encoder"]["bytes"] / 2
 
 
 @pytest.mark.launches

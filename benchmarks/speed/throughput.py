@@ -1,7 +1,8 @@
 """Train-step or embedding throughput of a named config on one device.
 
     python -m benchmarks.speed.throughput --config=original --per_device_batch=128 [--dtype=bf16|f32]
-        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=auto|xla|pallas] [--profile=STEPS]
+        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=auto|xla|pallas]
+        [--char_conv=auto|xla|pallas] [--profile=STEPS]
         [--trace_dir=DIR]
 
 `--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a published
@@ -49,6 +50,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.host_memory import keep_freed_memory
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.lstm import cell, schedule
+from elmo_jax.model.token_encoder import conv
 from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
 from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
@@ -194,6 +196,9 @@ def main() -> None:
         "--lstm_cell", default="auto", choices=settings.LSTM_CELLS, help="train: the LSTM cell, XLA's or our kernels"
     )
     parser.add_argument(
+        "--char_conv", default="auto", choices=settings.CHAR_CONVS, help="the char CNN's max, XLA's or our kernels"
+    )
+    parser.add_argument(
         "--backward_order",
         default="independent",
         choices=settings.BACKWARD_ORDERS,
@@ -219,6 +224,7 @@ def main() -> None:
         compute_dtype=DTYPES[args.dtype],
         lstm_schedule=args.lstm_schedule,
         lstm_cell=args.lstm_cell,
+        char_conv=args.char_conv,
         scan_unroll=args.scan_unroll,
     )
     device = jax.devices()[0]
@@ -293,6 +299,7 @@ def main() -> None:
         "scan_unroll": args.scan_unroll,
         "lstm_schedule": schedule(config),
         "lstm_cell": cell(config),
+        "char_conv": conv(config),
         "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,

@@ -39,6 +39,7 @@ from elmo_jax.model.backend import backend
 # (sigmoid(x) = tanh(x / 2) / 2 + 1 / 2; the +1 forget bias as the offset 1/2).
 GATES = ((0.5, 0.0, 0.5), (1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, 0.0, 0.5))
 BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
+FLOPS_KEY = "elmo_jax.flops"  # and the floating-point operations of its products, where it has any
 _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its columns C (powers of 2)
 
 
@@ -203,6 +204,19 @@ def _like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStr
     return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
 
 
+def refuse_where_unable(setting: str, x: jax.Array) -> None:
+    """Our kernels are Triton's (GPUs): a UserError on a TPU, and on a CPU where x is
+    device-varying (Pallas's interpreter, which runs them in the tests, cannot run inside the
+    data-parallel train step's shard_map). `setting` names the setting that picked them."""
+    if backend() == "tpu":
+        raise UserError(f"{setting}='pallas' has kernels for GPUs (Triton), none for TPUs: use {setting}='xla'")
+    if backend() != "gpu" and jax.typeof(x).manual_axis_type.varying:
+        raise UserError(
+            f"{setting}='pallas' has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
+            f"inside the data-parallel train step: use {setting}='xla'"
+        )
+
+
 def _call(
     kernel, name: str, counter, blocked, whole, out_shape, out_blocked, aliases, touched: int, mask_LBS, **static
 ):
@@ -210,13 +224,7 @@ def _call(
     inputs the loop's counter, `blocked` (R, C) or (R, 4, C) cut into blocks, the mask (L, B, S),
     `whole` (passed whole: read or written at slot s); outputs `out_shape`, those with
     `out_blocked` cut into blocks."""
-    if backend() == "tpu":
-        raise UserError("lstm_cell='pallas' has kernels for GPUs (Triton), none for TPUs: use lstm_cell='xla'")
-    if backend() != "gpu" and jax.typeof(blocked[0]).manual_axis_type.varying:
-        raise UserError(
-            "lstm_cell='pallas' has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
-            "inside the data-parallel train step: use lstm_cell='xla'"
-        )
+    refuse_where_unable("lstm_cell", blocked[0])
     R, C, B = blocked[0].shape[0], blocked[0].shape[-1], static["B"]
     n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS)
 

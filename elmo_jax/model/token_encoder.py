@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import N_CHARACTERS, ModelConfig
-from elmo_jax.model import Params
+from elmo_jax.model import Params, char_kernels
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
 
@@ -44,11 +44,23 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
     return params
 
 
-def _windows(x_NCD: jax.Array, width: int) -> jax.Array:
-    """(N, C, D) -> (N, C - width + 1, width * D): the characters each position of a VALID
-    convolution of `width` reads, side by side (small: D is the char embedding's 16)."""
-    W = x_NCD.shape[1] - width + 1
-    return jnp.concatenate([x_NCD[:, k : k + W] for k in range(width)], axis=-1)
+def _windows(x: jax.Array, width: int, axis: int) -> jax.Array:
+    """Characters (..., C, ..., D), C along `axis` -> (..., C - width + 1, ..., width * D): the
+    characters each position of a VALID convolution of `width` reads, side by side (small: D is
+    the char embedding's 16)."""
+    W = x.shape[axis] - width + 1
+    return jnp.concatenate([jax.lax.slice_in_dim(x, k, k + W, axis=axis) for k in range(width)], axis=-1)
+
+
+def _characters(d_windows: jax.Array, width: int, D: int, axis: int) -> jax.Array:
+    """`_windows`' transpose: the windows' gradient (..., W, ..., width * D), W along `axis` ->
+    the characters' (..., W + width - 1, ..., D) (window w's k-th character is character w + k)."""
+    pads = [(0, 0)] * d_windows.ndim
+    parts = []
+    for k in range(width):
+        pads[axis] = (k, width - 1 - k)
+        parts.append(jnp.pad(d_windows[..., k * D : (k + 1) * D], pads))
+    return sum(parts)
 
 
 def _wide(dtype: str) -> str:
@@ -57,8 +69,8 @@ def _wide(dtype: str) -> str:
     return dtype if backend() != "cpu" else "float32"
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str, kernels: bool) -> jax.Array:
     """Max over positions of each filter's VALID 1-D convolution: (N, C, D) x filters (w_i, D,
     n_i) -> (N, F = sum n_i) float32. All filters are one matmul of each position's characters
     (the widest filter's window; narrower filters' weights padded with zero rows, their windows
@@ -71,8 +83,9 @@ def _conv_max(x_NCD: jax.Array, w_filters: tuple[jax.Array, ...], dtype: str) ->
     gradient at every position from those bits once, in `dtype`, where autodiff wrote a tie mask
     and float32 and `dtype` copies. The filter gradients are float32 sums over every word and
     position (and over devices, where the words are split), never rounded to
-    a narrower compute dtype."""
-    return _conv_max_forward(x_NCD, w_filters, dtype)[0]
+    a narrower compute dtype. `kernels`: the products, the max and its bits as our Pallas kernels
+    (`char_kernels`), the (N, C - narrowest + 1, F) values never in device memory."""
+    return _conv_max_forward(x_NCD, w_filters, dtype, kernels)[0]
 
 
 def _filter_bank(w_filters: tuple[jax.Array, ...]) -> tuple[jax.Array, np.ndarray]:
@@ -83,15 +96,38 @@ def _filter_bank(w_filters: tuple[jax.Array, ...]) -> tuple[jax.Array, np.ndarra
     return jnp.concatenate(columns, axis=1), np.concatenate([np.full(w.shape[2], w.shape[0]) for w in w_filters])
 
 
-def _conv_max_forward(x_NCD, w_filters, dtype):
-    C = x_NCD.shape[1]
+def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
+    (N, C, _), F = x_NCD.shape, sum(w.shape[2] for w in w_filters)
     w_KF, width_F = _filter_bank(w_filters)
     widest, narrowest = int(width_F.max()), int(width_F.min())
     # The narrowest filter's C - narrowest + 1 positions, each with the widest filter's window.
-    windows_NWK = _windows(jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0))), widest)
+    x_NCD = jnp.pad(x_NCD, ((0, 0), (0, widest - narrowest), (0, 0)))
+    if kernels:
+        if x_NCD.dtype != dtype:
+            raise ValueError(f"the char CNN's kernels take characters in the compute dtype {dtype}, not {x_NCD.dtype}")
+        windows_WNK = _kernel_windows(_windows(jnp.swapaxes(x_NCD, 0, 1), widest, axis=0), dtype)
+        max_NF, ties_MNF = char_kernels.max_and_ties(windows_WNK, *_kernel_bank(w_KF, C - width_F, dtype), dtype)
+        return max_NF[:N, :F], (windows_WNK, w_filters, ties_MNF)
+    windows_NWK = _windows(x_NCD, widest, axis=1)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
     return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF)
+
+
+def _kernel_windows(windows_WNK: jax.Array, dtype: str) -> jax.Array:
+    """Windows (W, N, K) for `char_kernels`: in `dtype`, N and K padded with zeros to whole blocks."""
+    _, N, K = windows_WNK.shape
+    pad = ((0, 0), (0, char_kernels.padded(N, char_kernels.ROWS) - N), (0, char_kernels.padded(K) - K))
+    return jnp.pad(windows_WNK.astype(dtype), pad)
+
+
+def _kernel_bank(w_KF: jax.Array, last_F: np.ndarray, dtype: str) -> tuple[jax.Array, jax.Array]:
+    """The filter bank (K, F) for `char_kernels`, in `dtype`, padded with zeros to whole blocks,
+    and each column's last position (F,) int32 (-1 for the padding: never inside)."""
+    (K, F), padded = w_KF.shape, char_kernels.padded
+    Kp, Fp = padded(K), padded(F, char_kernels.COLUMNS)
+    bank = jnp.pad(w_KF.astype(dtype), ((0, Kp - K), (0, Fp - F)))
+    return bank, jnp.asarray(np.pad(last_F, (0, Fp - F), constant_values=-1), jnp.int32)
 
 
 def _inside(C: int, width_F: np.ndarray) -> np.ndarray:
@@ -124,10 +160,16 @@ def _max_and_ties(y_NWF: jax.Array) -> tuple[jax.Array, jax.Array]:
     return max_NF, jnp.stack(words)
 
 
+def _shares(ties_MNF: jax.Array, g_NF: jax.Array, dtype: str) -> jax.Array:
+    """The max's gradient g (N, F) split evenly among the positions that hold it (`_max_and_ties`'
+    bits): each one's share (N, F) in `dtype`."""
+    return (g_NF / jnp.sum(jax.lax.population_count(ties_MNF), axis=0)).astype(dtype)
+
+
 def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) -> jax.Array:
     """The gradient of the max at its positions (`_max_and_ties`' bits), split evenly among
     them as TF's max does: (N, F) -> (N, W, F) in `dtype`, zero at the other positions."""
-    share_NF = (g_NF / jnp.sum(jax.lax.population_count(ties_MNF), axis=0)).astype(dtype)
+    share_NF = _shares(ties_MNF, g_NF, dtype)
     bit_W = np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
     word_NWF = jnp.concatenate(
         [
@@ -139,34 +181,51 @@ def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) 
     return jnp.where(word_NWF & bit_W[:, None] != 0, share_NF[:, None], jnp.zeros((), dtype))
 
 
-def _conv_max_backward(dtype, residuals, g_NF):
-    windows_NWK, w_filters, ties_MNF = residuals
+def _conv_max_backward(dtype, kernels, residuals, g_NF):
+    windows, w_filters, ties_MNF = residuals
     w_KF, width_F = _filter_bank(w_filters)
-    widest, D = int(width_F.max()), w_filters[0].shape[1]
-    W = windows_NWK.shape[1]
-    C = W + int(width_F.min()) - 1  # the word's characters
-    g_NWF = _split_among_ties(ties_MNF, g_NF, W, dtype)
-    wide = _wide(dtype)
-    dw_KF = jnp.einsum("nwk,nwf->kf", windows_NWK.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
+    (N, F), D = g_NF.shape, w_filters[0].shape[1]
+    widest, narrowest = int(width_F.max()), int(width_F.min())
+    if kernels:
+        W, Np, _ = windows.shape
+        bank, _ = _kernel_bank(w_KF, W + narrowest - 1 - width_F, dtype)
+        share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
+        dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
+        d_windows = char_kernels.window_gradients(share_NF, ties_MNF, bank, W, dtype)[:, :N, : widest * D]
+        dx = jnp.swapaxes(_characters(d_windows, widest, D, axis=0), 0, 1)
+    else:
+        W = windows.shape[1]
+        g_NWF = _split_among_ties(ties_MNF, g_NF, W, dtype)
+        wide = _wide(dtype)
+        dw_KF = jnp.einsum("nwk,nwf->kf", windows.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
+        dx = _characters(matmul(g_NWF, w_KF.T, dtype), widest, D, axis=1)
     ends = np.cumsum([w.shape[2] for w in w_filters])
     dw = tuple(
         dw_KF[: w.shape[0] * D, end - w.shape[2] : end].reshape(w.shape).astype(w.dtype)
         for w, end in zip(w_filters, ends)
     )
-    d_windows_NWK = matmul(g_NWF, w_KF.T, dtype)
-    dx = sum(
-        jnp.pad(d_windows_NWK[..., k * D : (k + 1) * D], ((0, 0), (k, widest - 1 - k), (0, 0))) for k in range(widest)
-    )
-    return dx[:, :C].astype(windows_NWK.dtype), dw
+    return dx[:, : W + narrowest - 1].astype(windows.dtype), dw
 
 
 _conv_max.defvjp(_conv_max_forward, _conv_max_backward)
 
 
-def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> jax.Array:
+def conv(config: ModelConfig) -> str:
+    """ "xla" or "pallas": the training step's char CNN, config.char_conv with "auto" resolved
+    for the default backend (our kernels on GPUs, where they leave the step's largest activation
+    out of device memory: about 3 of the 4.9 GB a train step of the published size moves at 128
+    rows, by `elmo-jax plan`; XLA's elsewhere)."""
+    if config.char_conv != "auto":
+        return config.char_conv
+    return "pallas" if backend() == "gpu" else "xla"
+
+
+def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig, kernels: bool = False) -> jax.Array:
     """Char ids (N, C) (+1 shifted, 0 = padded slot) -> token vectors (N, P) float32; matmuls
     and convolutions in config.compute_dtype. The embedding must have a row for every id
-    (JAX's gather would silently clamp a larger id onto the last row)."""
+    (JAX's gather would silently clamp a larger id onto the last row). `kernels`: the char CNN
+    as our Pallas kernels (`char_kernels`: the training step's, per device under shard_map, where
+    `conv(config)` says so)."""
     rows = params["char_embed"].shape[0]
     if rows != N_CHARACTERS:
         raise ValueError(
@@ -176,10 +235,12 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig) -> j
     activation, dtype = _ACTIVATIONS[config.char_cnn.activation], config.compute_dtype
     x_NCD = params["char_embed"][chars_NC].astype(dtype)
     filters = [params["cnn"][f"filter_{i}"] for i in range(len(config.char_cnn.filters))]
-    # One matmul for all filters on accelerators (a few large kernels); one per filter on CPU,
-    # where the narrower filters' zero rows cost more than the launches they save.
-    banks = [filters] if backend() != "cpu" else [[f] for f in filters]
-    pooled_NF = jnp.concatenate([_conv_max(x_NCD, tuple(f["W"] for f in bank), dtype) for bank in banks], axis=1)
+    # One matmul (or our kernels) for all filters on accelerators (a few large kernels); one per
+    # filter on CPU, where the narrower filters' zero rows cost more than the launches they save.
+    banks = [filters] if backend() != "cpu" or kernels else [[f] for f in filters]
+    pooled_NF = jnp.concatenate(
+        [_conv_max(x_NCD, tuple(f["W"] for f in bank), dtype, kernels) for bank in banks], axis=1
+    )
     h_NF = activation(pooled_NF + jnp.concatenate([f["b"] for f in filters]))
     for k in range(config.char_cnn.n_highway):
         hw = params["highway"][f"layer_{k}"]

@@ -29,7 +29,7 @@ import re
 
 import numpy as np
 
-from elmo_jax.model.cell_kernels import BYTES_KEY
+from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY
 from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
 from elmo_jax.plan.instruction import DEFINITION, Instruction
 from elmo_jax.plan.trips import trip_count
@@ -45,9 +45,10 @@ _CONV_TARGET = re.compile(r'custom_call_target="__cudnn\$conv(\w*)"')
 # contracting dimensions are in its backend config's JSON.
 _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
-# The bytes a Pallas kernel of the model declares in its custom call's metadata (JSON, its quotes
+# The bytes (and FLOPs) a Pallas kernel of the model declares in its custom call's metadata (JSON, its quotes
 # written \22 in the program's text).
 _DECLARED_BYTES = re.compile(re.escape(BYTES_KEY) + r"\\22:\s*\\22(\d+)\\22")
+_DECLARED_FLOPS = re.compile(re.escape(FLOPS_KEY) + r"\\22:\s*\\22(\d+)\\22")
 CONTROL_OPS = {"while", "conditional", "call"}
 SLICING_OPS = {"slice", "dynamic-slice", "gather"}
 IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # ops that update operand 0 in place: their update operand
@@ -256,6 +257,9 @@ class Program:
             return self._conv_flops(inst, conv.group(1))
         if inst.opcode == "custom-call" and _GEMM_TARGET.search(inst.attrs):
             return self._gemm_flops(inst)
+        declared = _DECLARED_FLOPS.search(inst.attrs) if inst.opcode == "custom-call" else None
+        if declared:  # a kernel of ours with products: in its first operand's dtype
+            return float(declared.group(1)), _dtype(self.type(inst.operands[0]))
         total, dtype = 0.0, ""
         for callee in inst.called("calls"):
             f, d = self._fused_flops(callee)

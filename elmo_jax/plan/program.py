@@ -37,6 +37,7 @@ class CompiledStep:
     lstm_schedule: str
     compile_s: float
     lstm_cell: str = "xla"
+    char_conv: str = "xla"
 
     @property
     def needs_bytes(self) -> int:
@@ -103,6 +104,7 @@ def compile_train_step(
     from elmo_jax.experiment import model_config, train_settings
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.model.lstm import cell, schedule
+    from elmo_jax.model.token_encoder import conv
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import abstract_train_state, make_train_step
@@ -123,11 +125,22 @@ def compile_train_step(
         batch = parallel.abstract_batch(rows, T, words, model.char_cnn.max_characters_per_token)
         step = make_train_step(model, hp, parallel, jax.tree.map(lambda a: a.sharding, state))
         start = time.perf_counter()
-        compiled = compile_within_memory(step.lower(state, batch), target, per_device_batch)
+        # The target's abstract devices stand for the device where a kernel of ours asks what it runs on.
+        with jax.sharding.use_abstract_mesh(parallel.mesh.abstract_mesh):
+            lowered = step.lower(state, batch)
+        compiled = compile_within_memory(lowered, target, per_device_batch)
         seconds = time.perf_counter() - start
-        lstm_schedule, lstm_cell = schedule(model), cell(model)
+        lstm_schedule, lstm_cell, char_conv = schedule(model), cell(model), conv(model)
     return CompiledStep(
-        compiled.as_text(), memory_of(compiled), per_device_batch, T, devices, lstm_schedule, seconds, lstm_cell
+        compiled.as_text(),
+        memory_of(compiled),
+        per_device_batch,
+        T,
+        devices,
+        lstm_schedule,
+        seconds,
+        lstm_cell,
+        char_conv,
     )
 
 

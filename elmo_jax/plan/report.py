@@ -47,6 +47,7 @@ def estimate(step: CompiledStep, target: Target) -> dict:
         "unroll_steps": step.unroll_steps,
         "lstm_schedule": step.lstm_schedule,
         "lstm_cell": step.lstm_cell,
+        "char_conv": step.char_conv,
         "compile_s": round(step.compile_s, 1),
         "kernels": {
             "per_step": sum(k.runs for k in kernels),
@@ -89,7 +90,8 @@ def describe(result: dict, target: Target) -> list[str]:
     )
     lines = [
         f"{target.description} x {r['devices']}, {r['per_device_batch']} rows per device x {r['unroll_steps']} steps, "
-        f"{r['lstm_schedule']} LSTM schedule{', Pallas LSTM cell' if r['lstm_cell'] == 'pallas' else ''} "
+        f"{r['lstm_schedule']} LSTM schedule{', Pallas LSTM cell' if r['lstm_cell'] == 'pallas' else ''}"
+        f"{', Pallas char CNN' if r['char_conv'] == 'pallas' else ''} "
         f"(compiled in {r['compile_s']:.0f} s, without the device)",
         f"kernels per step: {k['per_step']:,} ({k['outside_loops']} outside loops; loop iterations x kernels: {loops})",
         f"device memory: arguments {m['argument'] / GB:.2f} GB, temporaries {m['temp'] / GB:.2f} GB, outputs "

@@ -30,7 +30,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.lstm import LSTMState, dropout_keep_masks
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
-from elmo_jax.model.token_encoder import encode_tokens
+from elmo_jax.model.token_encoder import conv, encode_tokens
 from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import Batch
 from elmo_jax.train.parallel import AXIS, DataParallel, data_parallel
@@ -172,6 +172,24 @@ def _local_losses(
     return jax.lax.psum(jnp.stack(sums), AXIS) / n_tokens, new_state
 
 
+def _encoded(params: dict, chars_UC: jax.Array, config: ModelConfig, mesh) -> jax.Array:
+    """The distinct words' token vectors (U, P), each device encoding its share of the words:
+    as jit lays them out over the mesh, or, with the char CNN as our kernels (`conv(config)`),
+    under shard_map (jit would run a kernel on all the words on every device). There the params
+    are marked device-varying first: their gradients are summed over devices as they are,
+    float32 (one all-reduce a param: jit's XLA path combines them)."""
+    if conv(config) != "pallas":
+        return encode_tokens(params, chars_UC, config)
+
+    def local(params, chars):
+        params = jax.tree.map(functools.partial(jax.lax.pcast, axis_name=AXIS, to="varying"), params)
+        return encode_tokens(params, chars, config, kernels=True)
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(AXIS)), out_specs=PartitionSpec(AXIS)
+    )(params, chars_UC)
+
+
 def _loss(
     params,
     batch: Batch,
@@ -186,10 +204,11 @@ def _loss(
 
     With `used` (sampled softmax), params["softmax"] holds only the rows `used.rows` (K, P) and
     (K,); without it (full softmax) the whole table, whose first hp.n_tokens_vocab rows are the
-    vocabulary. The token encoder runs over the mesh as jit lays it out (distinct words split
-    over devices); the LSTMs and the loss run per device under shard_map."""
+    vocabulary. The token encoder runs over the mesh (distinct words split
+    over devices, each device encoding its share); the LSTMs and the loss run per device under
+    shard_map."""
     with jax.named_scope("token_encoder"):
-        tokens_UP = encode_tokens(params["token_encoder"], batch.chars, config)
+        tokens_UP = _encoded(params["token_encoder"], batch.chars, config, mesh)
     mask_BT = batch.mask
     n_tokens = jnp.maximum(mask_BT.sum(), 1)
     B, T = mask_BT.shape

@@ -1,0 +1,214 @@
+"""The char CNN's filters and their max over positions as Pallas kernels of our own
+(`char_conv="pallas"`): the convolutions' (N, W, F) values, the train step's largest activation,
+never leave the chip. XLA's path writes them, reads them for the max and for the positions that
+hold it, and writes their gradient and reads it back twice: about 3.4 GB of HBM traffic a step
+of the published size at 128 rows (`elmo-jax plan`), against 0.3 GB for these kernels.
+
+- `max_and_ties`: per block of words and filters, each position's window of characters times
+  the filters, rounded to the compute dtype, the max so far and the bits of the positions that
+  hold it (`token_encoder._max_and_ties`' layout);
+- `window_gradients` and `filter_gradients`: the products of the backward pass, with the max's
+  gradient at each position (its share where the position's bit is set, else 0) built block by
+  block from those bits.
+
+Operands: windows (W, N, K) in the compute dtype (position-major; K the widest filter's window,
+zero-padded to a power of two), the filter bank (K, F), F and N padded to whole blocks
+(`padded`). On GPUs
+they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the numbers of
+token_encoder's XLA path. Each kernel declares the HBM bytes it moves (each operand once: the
+blocks that share an operand run side by side and meet in L2) in its custom call's metadata
+(`cell_kernels.BYTES_KEY`), which `elmo_jax.plan` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from elmo_jax.model.backend import backend
+from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY, refuse_where_unable
+
+ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
+CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: filter blocks x chunks)
+
+
+def padded(n: int, block: int | None = None) -> int:
+    """n rounded up to whole blocks of `block`, or (below one block, or without one) to a power
+    of two, at least 16: a dimension a Triton block spans whole."""
+    if block is not None and n >= block:
+        return -(-n // block) * block
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _product(a, b, contract: tuple[int, int]) -> jax.Array:
+    """a . b contracting a's axis contract[0] with b's contract[1], float32 out."""
+    return jax.lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _divmod(a, b: int):
+    """a // b and a % b of a non-negative int32 (lax's: Triton lowers jnp's sign fix-ups badly)."""
+    return jax.lax.div(a, jnp.int32(b)), jax.lax.rem(a, jnp.int32(b))
+
+
+def _bit(w):
+    """Position w's word and bit in it (uint32)."""
+    word, bit = _divmod(w, 32)
+    return word, jnp.left_shift(jnp.uint32(1), bit.astype(jnp.uint32))
+
+
+def _share(words_ref, share_ref, w, rows, columns, dtype):
+    """The max's gradient at position w of a block: its share where w's bit is set, else 0."""
+    word, bit = _bit(w)
+    hit = (words_ref[word, rows, columns] & bit) != 0
+    return jnp.where(hit, share_ref[rows, columns], 0).astype(dtype)
+
+
+def _max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
+    # Grid (column blocks, row blocks): a block of words' programs side by side, its windows read
+    # once from device memory.
+    W, rows = windows_ref.shape[0], pl.ds(pl.program_id(1) * max_ref.shape[0], max_ref.shape[0])
+    bank, last = bank_ref[...], last_ref[...]
+
+    def product(w):  # rounded to the compute dtype, -inf where the filter does not fit
+        y = _product(windows_ref[w, rows, :], bank, (1, 0))
+        return jnp.where(w <= last[None, :], y.astype(dtype).astype(jnp.float32), -jnp.inf)
+
+    def position(w, carry):
+        top, *words = carry
+        y, (at, bit) = product(w), _bit(w)
+        above, tie = y > top, y == top
+        words = [
+            jnp.where(above, jnp.where(at == m, bit, 0), jnp.where(tie & (at == m), word | bit, word))
+            for m, word in enumerate(words)
+        ]
+        return (jnp.maximum(top, y), *words)
+
+    first = product(0)
+    words = [jnp.full(first.shape, 1 if m == 0 else 0, jnp.uint32) for m in range(words_ref.shape[0])]
+    top, *words = jax.lax.fori_loop(1, W, position, (first, *words))
+    max_ref[...] = top
+    columns = pl.ds(pl.program_id(0) * top.shape[1], top.shape[1])
+    for m, word in enumerate(words):
+        words_ref[m, rows, columns] = word
+
+
+def _window_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, n_rows, n_columns, dtype):
+    i, w = _divmod(pl.program_id(0), W)  # a block of words' positions side by side: its bits read once
+    rows = pl.ds(i * n_rows, n_rows)
+
+    def columns_block(j, acc):
+        columns = pl.ds(j * n_columns, n_columns)
+        g = _share(words_ref, share_ref, w, rows, columns, dtype)
+        return acc + _product(g, bank_ref[:, columns], (1, 1))
+
+    acc = jnp.zeros((n_rows, bank_ref.shape[0]), jnp.float32)
+    out_ref[w, rows, :] = jax.lax.fori_loop(0, share_ref.shape[1] // n_columns, columns_block, acc)
+
+
+def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_rows, n_columns, dtype):
+    j, chunk = pl.program_id(0), pl.program_id(1)  # a chunk's column blocks side by side: its windows read once
+    W, N, K = windows_ref.shape
+    chunk_rows, columns = N // out_ref.shape[0], pl.ds(j * n_columns, n_columns)
+
+    def block(t, acc):
+        block_, w = _divmod(t, W)
+        rows = pl.ds(chunk * chunk_rows + block_ * n_rows, n_rows)
+        g = _share(words_ref, share_ref, w, rows, columns, dtype)
+        return acc + _product(windows_ref[w, rows, :], g, (0, 0))
+
+    acc = jnp.zeros((K, n_columns), jnp.float32)
+    out_ref[chunk, :, columns] = jax.lax.fori_loop(0, chunk_rows // n_rows * W, block, acc)
+
+
+def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, touched: int, flops: int, args):
+    """pallas_call of `kernel` over `grid` on `args`, declaring the bytes it moves and its FLOPs."""
+    refuse_where_unable("char_conv", args[0])
+    return pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        interpret=backend() != "gpu",
+        name=name,
+        metadata={BYTES_KEY: json.dumps(int(touched)), FLOPS_KEY: json.dumps(int(flops))},
+    )(*args)
+
+
+def _like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
+    """An output of `shape` as device-varying as x (under shard_map)."""
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
+
+
+def _nbytes(*arrays) -> int:
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays)
+
+
+def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str):
+    """Windows (W, N, K) and the filter bank (K, F) in `dtype`, each filter's last position
+    (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
+    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32."""
+    W, N, K = windows_WNK.shape
+    F = bank_KF.shape[1]
+    n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
+    out_shape = (_like(windows_WNK, (N, F), jnp.float32), _like(windows_WNK, (-(-W // 32), N, F), jnp.uint32))
+    return _call(
+        lambda *refs: _max_kernel(*refs, dtype=dtype),
+        "char_cnn_max",
+        (F // n_columns, N // n_rows),
+        [
+            pl.no_block_spec,
+            pl.BlockSpec((K, n_columns), lambda j, i: (0, j)),
+            pl.BlockSpec((n_columns,), lambda j, i: (j,)),
+        ],
+        (pl.BlockSpec((n_rows, n_columns), lambda j, i: (i, j)), pl.no_block_spec),
+        out_shape,
+        _nbytes(windows_WNK, bank_KF, last_F, *out_shape),
+        2 * W * N * K * F,
+        (windows_WNK, bank_KF, last_F),
+    )
+
+
+def window_gradients(share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, dtype: str):
+    """The max's gradient (its share of each max (N, F) in `dtype`, the bits of `max_and_ties`)
+    times the filter bank's transpose: the windows' gradient (W, N, K) float32."""
+    N, F, K = *share_NF.shape, bank_KF.shape[0]
+    n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
+    out_shape = _like(share_NF, (W, N, K), jnp.float32)
+    return _call(
+        lambda *refs: _window_gradient_kernel(*refs, W=W, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
+        "char_cnn_window_gradients",
+        (N // n_rows * W,),
+        [pl.no_block_spec] * 3,
+        pl.no_block_spec,
+        out_shape,
+        _nbytes(share_NF, words_MNF, bank_KF, out_shape),
+        2 * W * N * K * F,
+        (share_NF, words_MNF, bank_KF),
+    )
+
+
+def filter_gradients(windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str):
+    """The windows' transpose times the max's gradient (as `window_gradients`): the filter
+    bank's gradient (K, F) float32, summed over words in (at most) CHUNKS partial sums."""
+    W, N, K = windows_WNK.shape
+    F = share_NF.shape[1]
+    n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
+    chunks = math.gcd(CHUNKS, N // n_rows)
+    out_shape = _like(share_NF, (chunks, K, F), jnp.float32)
+    partial = _call(
+        lambda *refs: _filter_gradient_kernel(*refs, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
+        "char_cnn_filter_gradients",
+        (F // n_columns, chunks),
+        [pl.no_block_spec] * 3,
+        pl.no_block_spec,
+        out_shape,
+        _nbytes(windows_WNK, share_NF, words_MNF, out_shape),
+        2 * W * N * K * F,
+        (windows_WNK, share_NF, words_MNF),
+    )
+    return partial.sum(axis=0)
