@@ -204,9 +204,8 @@ def _loss(
 
     With `used` (sampled softmax), params["softmax"] holds only the rows `used.rows` (K, P) and
     (K,); without it (full softmax) the whole table, whose first hp.n_tokens_vocab rows are the
-    vocabulary. The token encoder runs over the mesh (distinct words split
-    over devices, each device encoding its share); the LSTMs and the loss run per device under
-    shard_map."""
+    vocabulary. The token encoder runs over the mesh (distinct words split over devices, each
+    device encoding its share: `_encoded`); the LSTMs and the loss run per device under shard_map."""
     with jax.named_scope("token_encoder"):
         tokens_UP = _encoded(params["token_encoder"], batch.chars, config, mesh)
     mask_BT = batch.mask
@@ -291,7 +290,7 @@ _SMALL_LEAF = 1 << 20
 
 def _global_norm(grads: dict) -> jax.Array:
     """The gradients' global norm, a float32 scalar (optax.tree.norm's). The leaves under
-    _SMALL_LEAF elements (biases, the char CNN's filters: about 40 at the published sizes) are
+    _SMALL_LEAF elements (biases, the char CNN's filters: dozens at the published sizes) are
     squared and summed in one reduction, where a reduction each is a kernel each on accelerators."""
     leaves = jax.tree.leaves(grads)
     sums = [jnp.sum(jnp.square(g)) for g in leaves if g.size >= _SMALL_LEAF]
