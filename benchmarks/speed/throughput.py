@@ -158,7 +158,9 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConf
     chip = for_device_kind(device.device_kind) if name == "auto" else target(name)
     if chip is None:
         return None
-    step = CompiledStep(compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, cell(config))
+    step = CompiledStep(
+        compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, cell(config), conv(config)
+    )
     r = estimate(step, chip)
     keys = ("step_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
     return {

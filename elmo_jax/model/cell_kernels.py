@@ -107,7 +107,6 @@ def _output_kernel(
     s_ref, h_raw_ref, h_ref, mask_ref, x_ref, keep_ref, _h_slots, _outs, h_slots_ref, outs_ref, h_out_ref, rows_ref,
     *, clip, skip, rate, B, D,
 ):  # fmt: skip
-
     at = _Block(s_ref, mask_ref, *h_ref.shape, B, D, down=False)
     L, S, P = outs_ref.shape[0], outs_ref.shape[3], outs_ref.shape[4]
     layer, d, b = at.layer, at.d, at.b
@@ -162,7 +161,6 @@ def _backward_output_kernel(
     i_ref, d_h_ref, d_h_raw_ref, mask_ref, d_in_h_ref, d_out_ref, h_ref, keep_ref, _d_ins, _d_h_raws,
     d_ins_ref, d_h_raws_ref, d_h_prev_ref, d_h_raw_next_ref, *, clip, skip, rate, B, D,
 ):  # fmt: skip
-
     at = _Block(i_ref, mask_ref, *d_h_ref.shape, B, D, down=True)
     L, S, P = d_ins_ref.shape[0], d_ins_ref.shape[3], d_ins_ref.shape[4]
     layer, d, b, s = at.layer, at.d, at.b, at.s
@@ -199,7 +197,7 @@ def _backward_output_kernel(
     d_h_raw_next_ref[...] = d_h_raw.astype(d_h_raw_next_ref.dtype)
 
 
-def _like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStruct:
+def like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStruct:
     """An output of `shape` as device-varying as x (under shard_map)."""
     return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
 
@@ -274,11 +272,11 @@ def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBS
         (z, b_LDG.reshape(L * D, 4, C), c),
         (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), a_LDBSC.reshape(R, S, C)),
         (
-            _like(acts_LDBSG, (R, S, 4, C)),
-            _like(c_LDBSC, (R, S, C)),
-            _like(a_LDBSC, (R, S, C)),
-            _like(c, (R, C)),
-            _like(z, (R, C), dtype),
+            like(acts_LDBSG, (R, S, 4, C)),
+            like(c_LDBSC, (R, S, C)),
+            like(a_LDBSC, (R, S, C)),
+            like(c, (R, C)),
+            like(z, (R, C), dtype),
         ),
         (False, False, False, True, True),
         {5: 0, 6: 1, 7: 2, 3: 3},  # the slots; c's block read, then written: in place
@@ -318,7 +316,7 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
         i,
         (d_a, d_c, c0_LDBC.reshape(R, C)),
         (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), d_gates_LDBSG.reshape(R, S, 4, C)),
-        (_like(d_gates_LDBSG, (R, S, 4, C)), _like(d_a, (R, 4, C), dtype), _like(d_c, (R, C))),
+        (like(d_gates_LDBSG, (R, S, 4, C)), like(d_a, (R, 4, C), dtype), like(d_c, (R, C))),
         (False, True, True),
         {7: 0, 2: 2},  # the slots; d_c's block read, then written: in place
         touched,
@@ -351,10 +349,10 @@ def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP,
         (h_raw, h),
         (x_DBSP, keep, h_LDBSP, out_LDBSP),
         (
-            _like(h_LDBSP, h_LDBSP.shape),
-            _like(out_LDBSP, out_LDBSP.shape),
-            _like(h, h.shape),
-            _like(h, (R, 2 * P), dtype),
+            like(h_LDBSP, h_LDBSP.shape),
+            like(out_LDBSP, out_LDBSP.shape),
+            like(h, h.shape),
+            like(h, (R, 2 * P), dtype),
         ),
         (False, False, True, False),
         {6: 0, 7: 1, 2: 2},  # the slots; h's block read, then written: in place
@@ -400,10 +398,10 @@ def backward_output(
         (d_h, d_h_raw),
         (d_in_h_LDBK.reshape(R, 2 * P), d_out_LDBSP, h_LDBSP, keep, d_in_LDBSP, d_h_raw_LDBSP),
         (
-            _like(d_in_LDBSP, d_in_LDBSP.shape),
-            _like(d_h_raw_LDBSP, d_h_raw_LDBSP.shape),
-            _like(d_h, d_h.shape),
-            _like(d_h_raw, d_h_raw.shape),
+            like(d_in_LDBSP, d_in_LDBSP.shape),
+            like(d_h_raw_LDBSP, d_h_raw_LDBSP.shape),
+            like(d_h, d_h.shape),
+            like(d_h_raw, d_h_raw.shape),
         ),
         (False, False, True, True),
         {8: 0, 9: 1, 1: 2, 2: 3},  # the slots; d_h's and d_h_raw's blocks read, then written: in place

@@ -13,9 +13,8 @@ of the published size at 128 rows (`elmo-jax plan`), against 0.3 GB for these ke
 
 Operands: windows (W, N, K) in the compute dtype (position-major; K the widest filter's window,
 zero-padded to a power of two), the filter bank (K, F), F and N padded to whole blocks
-(`padded`). On GPUs
-they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the numbers of
-token_encoder's XLA path. Each kernel declares the HBM bytes it moves (each operand once: the
+(`padded`). On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets
+them, to the numbers of token_encoder's XLA path. Each kernel declares the HBM bytes it moves (each operand once: the
 blocks that share an operand run side by side and meet in L2) in its custom call's metadata
 (`cell_kernels.BYTES_KEY`), which `elmo_jax.plan` reads.
 """
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from elmo_jax.model.backend import backend
-from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY, refuse_where_unable
+from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY, like, refuse_where_unable
 
 ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
 CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: filter blocks x chunks)
@@ -139,11 +138,6 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, touched: int,
     )(*args)
 
 
-def _like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
-    """An output of `shape` as device-varying as x (under shard_map)."""
-    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
-
-
 def _nbytes(*arrays) -> int:
     return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays)
 
@@ -155,7 +149,7 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
     W, N, K = windows_WNK.shape
     F = bank_KF.shape[1]
     n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
-    out_shape = (_like(windows_WNK, (N, F), jnp.float32), _like(windows_WNK, (-(-W // 32), N, F), jnp.uint32))
+    out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (-(-W // 32), N, F), jnp.uint32))
     return _call(
         lambda *refs: _max_kernel(*refs, dtype=dtype),
         "char_cnn_max",
@@ -178,7 +172,7 @@ def window_gradients(share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Arr
     times the filter bank's transpose: the windows' gradient (W, N, K) float32."""
     N, F, K = *share_NF.shape, bank_KF.shape[0]
     n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
-    out_shape = _like(share_NF, (W, N, K), jnp.float32)
+    out_shape = like(share_NF, (W, N, K), jnp.float32)
     return _call(
         lambda *refs: _window_gradient_kernel(*refs, W=W, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
         "char_cnn_window_gradients",
@@ -199,7 +193,7 @@ def filter_gradients(windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax
     F = share_NF.shape[1]
     n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
     chunks = math.gcd(CHUNKS, N // n_rows)
-    out_shape = _like(share_NF, (chunks, K, F), jnp.float32)
+    out_shape = like(share_NF, (chunks, K, F), jnp.float32)
     partial = _call(
         lambda *refs: _filter_gradient_kernel(*refs, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
         "char_cnn_filter_gradients",

@@ -143,6 +143,12 @@ def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, voca
     )
 
 
+def _varying(x: jax.Array) -> jax.Array:
+    """x (replicated) marked device-varying under the step's shard_map: the transpose of the
+    mark sums x's gradient over devices, as it is."""
+    return jax.lax.pcast(x, axis_name=AXIS, to="varying")
+
+
 def _local_losses(
     lstm_params, table, tokens_UP, ids_2bT, mask_bT, state, used, n_tokens, keep, *, config, dropout, vocab_size
 ):
@@ -153,15 +159,14 @@ def _local_losses(
     # Marked device-varying once (the LSTM weights as the loops read them, stacked): left
     # replicated, each use (inside the loop: at every time step) would be a cast whose transpose
     # sums that use's gradient over devices.
-    varying = functools.partial(jax.lax.pcast, axis_name=AXIS, to="varying")
-    table = jax.tree.map(varying, table)
+    table = jax.tree.map(_varying, table)
     # Each device encoded its share of the words (on one device, all of them): gathered here,
     # so that their gradient is summed and scattered back to the shares (a reduce-scatter,
     # half an all-reduce's bytes).
     if jax.lax.axis_size(AXIS) > 1:
         tokens_UP = jax.lax.all_gather(tokens_UP, AXIS, tiled=True)
     with jax.named_scope("lstm"):
-        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, varying)
+        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, _varying)
     mask_n = mask_bT.reshape(-1)
     sums = []
     with jax.named_scope("softmax"):
@@ -182,7 +187,7 @@ def _encoded(params: dict, chars_UC: jax.Array, config: ModelConfig, mesh) -> ja
         return encode_tokens(params, chars_UC, config)
 
     def local(params, chars):
-        params = jax.tree.map(functools.partial(jax.lax.pcast, axis_name=AXIS, to="varying"), params)
+        params = jax.tree.map(_varying, params)
         return encode_tokens(params, chars, config, kernels=True)
 
     return jax.shard_map(
