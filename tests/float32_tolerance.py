@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 EPS = float(np.finfo(np.float32).eps)  # 2^-23, the float32 spacing at 1
+BFLOAT16_EPS = 2.0**-7  # the bfloat16 spacing at 1
 # The differences measured (two LLVM optimisation levels, which round differently) reached 1.4
 # times the rounding spread against the float64 LSTM reference and 2.5 times between the
 # hand-written and autodiff gradients: 16 leaves room for other CPUs' code.
@@ -27,20 +28,21 @@ def ulps(want, n: int = MARGIN) -> float:
     return n * EPS * float(np.abs(np.asarray(want, np.float64)).max())
 
 
-def value_and_rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: int = 0):
+def value_and_rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: int = 0, eps: float = EPS):
     """f(*args) and how far float32 rounding can move it: the largest |change| of each output
     array of f (a pytree like f's result) over `trials` runs with every float32 element of `args`
-    multiplied by 1 + EPS * u (u uniform in [-1, 1]) and rounded back to float32, a change the
-    size of one rounding. It measures how much the computation amplifies rounding for the case
-    at hand (a chaotic recurrence with clipping: many times its inputs' spacing). f runs on
-    inputs of the same shapes each time, so a jitted f does not compile again."""
+    multiplied by 1 + eps * u (u uniform in [-1, 1]) and rounded back to float32, a change the
+    size of one rounding (eps = BFLOAT16_EPS: of one rounding to bfloat16). It measures how much
+    the computation amplifies rounding for the case at hand (a chaotic recurrence with clipping:
+    many times its inputs' spacing). f runs on inputs of the same shapes each time, so a jitted f
+    does not compile again."""
     rng = np.random.default_rng(seed)
 
     def nudge(x):
         if not (isinstance(x, np.ndarray | jax.Array) and x.dtype == np.float32):
             return x
         x = np.asarray(x)
-        return (x * (1.0 + EPS * rng.uniform(-1.0, 1.0, x.shape))).astype(np.float32)
+        return (x * (1.0 + eps * rng.uniform(-1.0, 1.0, x.shape))).astype(np.float32)
 
     def changes(a, b):
         return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())

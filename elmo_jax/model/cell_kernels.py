@@ -19,6 +19,11 @@ buffers passed through (`input_output_aliases`) and written at the step's slot i
 kernel declares the bytes it reads and writes in its custom call's metadata (`BYTES_KEY`), which
 `elmo_jax.plan` reads. A grid program handles a block of rows (of one layer and direction) and
 of the cell's columns, the four gates of those columns together.
+
+The matmuls between them are batched so that no kernel of XLA's runs between ours: the gates'
+product and its transpose gate by gate (the weights (L, D, 4, K, C)), the projection in J parts
+of the cell's columns; `forward_output` and `backward_output` add the partial products (XLA
+splits such long contractions itself and adds the parts in a kernel of its own).
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ GATES = ((0.5, 0.0, 0.5), (1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, 0.0, 0.5))
 BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
 FLOPS_KEY = "elmo_jax.flops"  # and the floating-point operations of its products, where it has any
 _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its columns C (powers of 2)
+# The projection's contraction over the cell's C columns runs as J matmuls of gcd(C, this)
+# columns each (one batched matmul), whose partial sums `forward_output` adds: XLA splits a
+# matmul with so long a contraction and so small a result anyway, and adds the parts in a kernel
+# of their own, each step. Blocks' columns divide it.
+PROJECTION_CHUNK = 512
 
 
 class _Block:
@@ -53,6 +63,7 @@ class _Block:
         i, self._k = pl.program_id(0), pl.program_id(1)
         first, self._n_rows, self._n_columns, self._layer_rows = i * n_rows, n_rows, n_columns, D * B
         self.layer, self.d, self.b = first // (D * B), first // B % D, pl.ds(first % B, n_rows)
+        self.ld = first // B  # the layer and direction's index in arrays (L * D, ...)
         self.s = mask_ref.shape[2] - 1 - counter_ref[0] if down else counter_ref[0]
         self.rows, self.columns = pl.ds(first, n_rows), self.columns_from(0)
         self.ran = mask_ref[self.layer, self.b, self.s][:, None] != 0
@@ -76,35 +87,50 @@ def clipped_gradient(g, x, value: float | None):
     return g if value is None else jnp.where(jnp.abs(x) < value, g, 0.0)
 
 
+def _summed(parts_ref, ld, rows, columns):
+    """The sum over a matmul's partial products (L * D, J, B, N) at layer and direction ld, in
+    order."""
+    total = parts_ref[ld, 0, rows, columns]
+    for j in range(1, parts_ref.shape[1]):
+        total += parts_ref[ld, j, rows, columns]
+    return total
+
+
+def _cell_before(at: _Block, c0_ref, cells_ref):
+    """The cell that step at.s reads: the one slot s - 1 keeps, or the initial one (c0's block)."""
+    return jax.lax.cond(
+        at.s == 0, lambda: c0_ref[...], lambda: cells_ref[at.rows, jnp.maximum(at.s - 1, 0), at.columns]
+    )
+
+
 def _dropped(x, keep_ref, index: tuple, rate: float | None):
     """Inverted dropout of x where the keep mask (int8) at `index` is 0; none where rate is None."""
     return x if rate is None else jnp.where(keep_ref[index] != 0, x / (1.0 - rate), 0.0)
 
 
 def _forward_kernel(
-    s_ref, z_ref, b_ref, c_ref, mask_ref, _acts, _cells, _a_slots, acts_ref, cells_ref, a_slots_ref, c_out_ref, a_ref,
+    s_ref, c0_ref, b_ref, mask_ref, z_ref, _acts, _cells, _a_slots, acts_ref, cells_ref, a_slots_ref, a_ref,
     *, clip, B, D,
 ):  # fmt: skip
-    at = _Block(s_ref, mask_ref, *c_ref.shape, B, D, down=False)
+    at = _Block(s_ref, mask_ref, *c0_ref.shape, B, D, down=False)
     acts = []
     for g, (slope, offset, shift) in enumerate(GATES):
-        z = z_ref[:, g, :].astype(jnp.float32) + b_ref[0, g, :][None, :]
+        z = z_ref[at.ld, g, at.b, at.columns].astype(jnp.float32) + b_ref[0, g, :][None, :]
         act = (slope * jnp.tanh(slope * z + offset) + shift).astype(acts_ref.dtype)
         acts_ref[at.rows, at.s, g, at.columns] = act
         acts.append(act.astype(jnp.float32))  # the values the backward pass reads back
     si, tj, sf, so = acts
-    c = c_ref[...]
+    c = _cell_before(at, c0_ref, cells_ref)
     c_new = clipped(sf * c + si * tj, clip)
-    c_kept = jnp.where(at.ran, c_new, c)
-    c_out_ref[...] = c_kept
-    cells_ref[at.rows, at.s, at.columns] = c_kept
+    cells_ref[at.rows, at.s, at.columns] = jnp.where(at.ran, c_new, c)
     a = (so * jnp.tanh(c_new)).astype(a_ref.dtype)
-    a_ref[...] = a
+    width = a_ref.shape[3]  # of a chunk, a multiple of a block's columns
+    a_ref[at.ld, at.columns.start // width, at.b, pl.ds(at.columns.start % width, at.columns.size)] = a
     a_slots_ref[at.rows, at.s, at.columns] = a
 
 
 def _output_kernel(
-    s_ref, h_raw_ref, h_ref, mask_ref, x_ref, keep_ref, _h_slots, _outs, h_slots_ref, outs_ref, h_out_ref, rows_ref,
+    s_ref, h_ref, mask_ref, h_raw_ref, x_ref, keep_ref, _h_slots, _outs, h_slots_ref, outs_ref, h_out_ref, rows_ref,
     *, clip, skip, rate, B, D,
 ):  # fmt: skip
     at = _Block(s_ref, mask_ref, *h_ref.shape, B, D, down=False)
@@ -119,7 +145,7 @@ def _output_kernel(
     upper = outs_ref[below, d, b, jnp.maximum(at.s - 1, 0), at.columns]
     upper = jnp.where(at.s == 0, 0.0, dropped(upper, below, at.s))
     inputs = jnp.where(layer == 0, x_ref[d, b, at.s, at.columns], upper)
-    h_new = clipped(h_raw_ref[...], clip)
+    h_new = clipped(_summed(h_raw_ref, at.ld, b, at.columns), clip)
     out = jnp.where(at.ran, jnp.where(skip & (layer > 0), h_new + inputs, h_new), 0.0)
     h = jnp.where(at.ran, h_new, h_ref[...])
     h_out_ref[...] = h
@@ -140,10 +166,7 @@ def _backward_kernel(
     at = _Block(i_ref, mask_ref, *d_c_ref.shape, B, D, down=True)
     acts = [acts_ref[at.rows, at.s, g, at.columns].astype(jnp.float32) for g in range(4)]
     si, tj, sf, so = acts
-    c_new = cells_ref[at.rows, at.s, at.columns]
-    c_prev = jax.lax.cond(
-        at.s == 0, lambda: c0_ref[...], lambda: cells_ref[at.rows, jnp.maximum(at.s - 1, 0), at.columns]
-    )
+    c_new, c_prev = cells_ref[at.rows, at.s, at.columns], _cell_before(at, c0_ref, cells_ref)
     d_a, d_c = d_a_ref[...].astype(jnp.float32), d_c_ref[...]
     tc = jnp.tanh(c_new)
     d_c_raw = jnp.where(at.ran, d_c, 0.0) + d_a * so * (1.0 - tc * tc)
@@ -152,7 +175,7 @@ def _backward_kernel(
     for g, ((slope, _, shift), act, d_act) in enumerate(zip(GATES, acts, d_acts, strict=True)):
         tanh_of_act = (act - shift) / slope
         d_gate = (d_act * slope * slope * (1.0 - tanh_of_act * tanh_of_act)).astype(d_gates_ref.dtype)
-        d_gates_ref[:, g, :] = d_gate
+        d_gates_ref[at.ld, g, at.b, at.columns] = d_gate
         d_slots_ref[at.rows, at.s, g, at.columns] = d_gate
     d_c_out_ref[...] = d_c_raw * sf + jnp.where(at.ran, 0.0, d_c)
 
@@ -168,6 +191,9 @@ def _backward_output_kernel(
     def ran(l, slot):
         return mask_ref[l, b, slot][:, None] != 0
 
+    def d_in_h(l, columns):  # layer l's gradient of [inputs; h]
+        return _summed(d_in_h_ref, l * D + d, b, columns)
+
     def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
         return _dropped(x, keep_ref, (keep_layer, d, b, slot, at.columns), rate)
 
@@ -178,11 +204,11 @@ def _backward_output_kernel(
         passed = dropped(d_ins_ref[up, d, b, later, at.columns], jnp.minimum(l, L - 2), later)
         passed = jnp.where((s < S - 1) & (l < L - 1), passed, 0.0)
         d_out = jnp.where(ran(l, s), d_out_ref[l, d, b, s, at.columns] + passed, 0.0)
-        return d_in_h_ref[at.rows_of(l), at.columns] + jnp.where(skip & (l > 0), d_out, 0.0)
+        return d_in_h(l, at.columns) + jnp.where(skip & (l > 0), d_out, 0.0)
 
     d_ins_ref[layer, d, b, s, at.columns] = input_gradient(layer)
     d_h_raws_ref[layer, d, b, s, at.columns] = d_h_raw_ref[...]
-    d_h_prev = d_in_h_ref[at.rows, at.columns_from(P)]
+    d_h_prev = d_in_h(layer, at.columns_from(P))
     d_h_prev += jnp.where(ran(layer, s), 0.0, d_h_ref[...])
     d_h_prev_ref[...] = d_h_prev
     # Slot s - 1's gradient of the unclipped projection: its output gradient (with what the layer
@@ -224,7 +250,7 @@ def _call(
     `out_blocked` cut into blocks."""
     refuse_where_unable("lstm_cell", blocked[0])
     R, C, B = blocked[0].shape[0], blocked[0].shape[-1], static["B"]
-    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS)
+    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS, PROJECTION_CHUNK)
 
     def spec(x):
         if len(x.shape) == 2:
@@ -251,35 +277,42 @@ def _bytes(shape: tuple[int, ...], dtype) -> int:
     return math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, clip: float | None):
-    """Step s of the wavefront's training forward: gates z (L, D, B, 4C) in the compute dtype
-    (the matmul's rounded result, without the bias b (L, D, 4C)), the carried cell (L, D, B, C),
-    the mask (L, B, S) int32, and the save slots of the activations (L, D, B, S, 4C, compute
-    dtype), of the cell (L, D, B, S, C) and of the projection's operand (L, D, B, S, C, compute
-    dtype: the projection's weight gradient reads it) -> (the three slots with slot s written, the
-    new carried cell (the old where the step did not run), the projection's operand o * tanh(c)
-    (L, D, B, C) in the compute dtype)."""
-    L, D, B, G = z_LDBG.shape
-    C, S, R, dtype = G // 4, acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
-    z, c = z_LDBG.reshape(R, 4, C), c_LDBC.reshape(R, C)
-    # z and b read, c read and written, the activations', the cell's slot and a written, the mask's rows
-    touched = _bytes(z.shape, z.dtype) + _bytes(b_LDG.shape, b_LDG.dtype) + 2 * _bytes(c.shape, c.dtype)
-    touched += _bytes(z.shape, dtype) + _bytes(c.shape, c_LDBSC.dtype) + 2 * _bytes(c.shape, dtype) + R * 4
-    acts, cells, a_slots, c_new, a = _call(
+def projection_parts(C: int) -> int:
+    """J, the products the projection's contraction over C cell columns is split into."""
+    return C // math.gcd(C, PROJECTION_CHUNK)
+
+
+def forward_cell(s, z_LDGBC, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, clip: float | None):
+    """Step s of the wavefront's training forward: gates z (L, D, 4, B, C) in the compute dtype
+    (the matmul's rounded result, without the bias b (L, D, 4C)), the initial cell (L, D, B, C:
+    the cell before slot 0), the mask (L, B, S) int32, and the save slots of the activations
+    (L, D, B, S, 4C, compute dtype), of the cell (L, D, B, S, C: the cell each step leaves, the
+    one it read where it did not run; the next step reads it there) and of the projection's
+    operand (L, D, B, S, C, compute dtype: the projection's weight gradient reads it) -> (the
+    three slots with slot s written, the projection's operand o * tanh(c) in the compute dtype,
+    its C columns as J = `projection_parts(C)` parts (L, D, J, B, C / J))."""
+    L, D, _, B, C = z_LDGBC.shape
+    S, R, dtype = acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
+    J = projection_parts(C)
+    z, c0 = z_LDGBC.reshape(L * D, 4, B, C), c0_LDBC.reshape(R, C)
+    # z and b read, the cell of slot s - 1 (or c0) read, the activations', the cell's slot and a
+    # written, the mask's rows
+    touched = _bytes(z.shape, z.dtype) + _bytes(b_LDG.shape, b_LDG.dtype) + _bytes(c0.shape, c_LDBSC.dtype)
+    touched += _bytes(z.shape, dtype) + _bytes(c0.shape, c_LDBSC.dtype) + 2 * _bytes(c0.shape, dtype) + R * 4
+    acts, cells, a_slots, a = _call(
         _forward_kernel,
         "lstm_forward_cell",
         s,
-        (z, b_LDG.reshape(L * D, 4, C), c),
-        (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), a_LDBSC.reshape(R, S, C)),
+        (c0, b_LDG.reshape(L * D, 4, C)),
+        (z, acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), a_LDBSC.reshape(R, S, C)),
         (
             like(acts_LDBSG, (R, S, 4, C)),
             like(c_LDBSC, (R, S, C)),
             like(a_LDBSC, (R, S, C)),
-            like(c, (R, C)),
-            like(z, (R, C), dtype),
+            like(z, (L * D, J, B, C // J), dtype),
         ),
-        (False, False, False, True, True),
-        {5: 0, 6: 1, 7: 2, 3: 3},  # the slots; c's block read, then written: in place
+        (False, False, False, False),
+        {5: 0, 6: 1, 7: 2},  # the slots
         touched,
         mask_LBS,
         clip=clip,
@@ -290,8 +323,7 @@ def forward_cell(s, z_LDBG, b_LDG, c_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBS
         acts.reshape(acts_LDBSG.shape),
         cells.reshape(c_LDBSC.shape),
         a_slots.reshape(a_LDBSC.shape),
-        c_new.reshape(c_LDBC.shape),
-        a.reshape(c_LDBC.shape),
+        a.reshape(L, D, J, B, C // J),
     )
 
 
@@ -302,7 +334,7 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
     (L, D, B, C), the initial cell (L, D, B, C: the cell before slot 0), the mask (L, B, S) int32,
     the forward's saved activations and cells, and the gates' gradient's save slots
     (L, D, B, S, 4C, compute dtype) -> (those slots with slot s written, the gates' gradient
-    (L, D, B, 4C) in the compute dtype, the cell gradient carried to step s - 1)."""
+    (L, D, 4, B, C) in the compute dtype, the cell gradient carried to step s - 1)."""
     L, D, B, C = d_a_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
     d_a, d_c = d_a_LDBC.reshape(R, C), d_c_LDBC.reshape(R, C)
@@ -316,8 +348,8 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
         i,
         (d_a, d_c, c0_LDBC.reshape(R, C)),
         (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), d_gates_LDBSG.reshape(R, S, 4, C)),
-        (like(d_gates_LDBSG, (R, S, 4, C)), like(d_a, (R, 4, C), dtype), like(d_c, (R, C))),
-        (False, True, True),
+        (like(d_gates_LDBSG, (R, S, 4, C)), like(d_a, (L * D, 4, B, C), dtype), like(d_c, (R, C))),
+        (False, False, True),
         {7: 0, 2: 2},  # the slots; d_c's block read, then written: in place
         touched,
         mask_LBS,
@@ -325,29 +357,31 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
         B=B,
         D=D,
     )
-    return slots.reshape(d_gates_LDBSG.shape), d_gates.reshape(L, D, B, 4 * C), d_c_prev.reshape(d_c_LDBC.shape)
+    return slots.reshape(d_gates_LDBSG.shape), d_gates.reshape(L, D, 4, B, C), d_c_prev.reshape(d_c_LDBC.shape)
 
 
-def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP, out_LDBSP, clip, skip, rate, dtype):
-    """Step s of the wavefront's training forward after the projection: its result h_raw
-    (L, D, B, P), the carried h (L, D, B, P), the mask (L, B, S) int32, the inputs x (D, B, S, P),
-    the dropout's keep masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots
-    of h and of the layers' outputs (L, D, B, S, P) -> (those slots with slot s written, the new
-    carried h, the next step's matmul operand [inputs; h] (L, D, B, 2P) in `dtype`). `clip`: the
-    projection's; `skip`: the residual around layers >= 1."""
+def forward_output(s, h_raw_LDJBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP, out_LDBSP, clip, skip, rate, dtype):
+    """Step s of the wavefront's training forward after the projection: its result h_raw as J
+    partial sums (L, D, J, B, P) float32, added here, the carried h (L, D, B, P), the mask
+    (L, B, S) int32, the inputs x (D, B, S, P), the dropout's keep masks (L - 1, D, B, S, P) int8
+    or None (`rate` None), and the save slots of h and of the layers' outputs (L, D, B, S, P) ->
+    (those slots with slot s written, the new carried h, the next step's matmul operand
+    [inputs; h] (L, D, B, 2P) in `dtype`). `clip`: the projection's; `skip`: the residual around
+    layers >= 1."""
     L, D, B, P = h_LDBP.shape
     R = L * D * B
-    h_raw, h = h_raw_LDBP.reshape(R, P), h_LDBP.reshape(R, P)
+    J, h = h_raw_LDJBP.shape[2], h_LDBP.reshape(R, P)
     keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_KDBSP is None else keep_KDBSP
-    # h_raw, h and the inputs read (and the keep masks of this step and the next), h written in
-    # place and into its slot, the outputs into theirs, the next matmul's operand; the mask's rows
-    touched = 6 * _bytes(h.shape, h.dtype) + _bytes((R, 2 * P), dtype) + (2 * R * P if rate else 0) + R * 4
+    # h_raw's parts, h and the inputs read (and the keep masks of this step and the next), h
+    # written in place and into its slot, the outputs into theirs, the next matmul's operand;
+    # the mask's rows
+    touched = (J + 5) * _bytes(h.shape, h.dtype) + _bytes((R, 2 * P), dtype) + (2 * R * P if rate else 0) + R * 4
     h_slots, outs, h_new, rows = _call(
         _output_kernel,
         "lstm_forward_output",
         s,
-        (h_raw, h),
-        (x_DBSP, keep, h_LDBSP, out_LDBSP),
+        (h,),
+        (h_raw_LDJBP.reshape(L * D, J, B, P), x_DBSP, keep, h_LDBSP, out_LDBSP),
         (
             like(h_LDBSP, h_LDBSP.shape),
             like(out_LDBSP, out_LDBSP.shape),
@@ -355,7 +389,7 @@ def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP,
             like(h, (R, 2 * P), dtype),
         ),
         (False, False, True, False),
-        {6: 0, 7: 1, 2: 2},  # the slots; h's block read, then written: in place
+        {6: 0, 7: 1, 1: 2},  # the slots; h's block read, then written: in place
         touched,
         mask_LBS,
         clip=clip,
@@ -368,35 +402,36 @@ def forward_output(s, h_raw_LDBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP,
 
 
 def backward_output(
-    i, d_in_h_LDBK, d_h_LDBP, d_h_raw_LDBP, mask_LBS, d_out_LDBSP, h_LDBSP, keep_KDBSP, d_in_LDBSP, d_h_raw_LDBSP,
+    i, d_in_h_LDJBK, d_h_LDBP, d_h_raw_LDBP, mask_LBS, d_out_LDBSP, h_LDBSP, keep_KDBSP, d_in_LDBSP, d_h_raw_LDBSP,
     clip, skip, rate,
 ):  # fmt: skip
     """Step s = S - 1 - i of the wavefront's backward after the gates' transposed matmul: its
-    result d_in_h (L, D, B, 2P) float32 (the gradient of each layer's [inputs; h]), the carried h
-    gradient (L, D, B, P), this step's gradient of the unclipped projection d_h_raw (L, D, B, P,
-    compute dtype), the mask (L, B, S) int32, the outputs' gradients, the forward's saved h (L, D,
-    B, S, P), the keep masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots
-    of the layers' input gradients (L, D, B, S, P, float32: layer 0's is the stack's; the others
-    are read by the next step, as what each layer passes down) and of d_h_raw -> (those slots
-    with slot s written, the h gradient carried to slot s - 1, slot s - 1's d_h_raw). `clip`:
-    the projection's; `skip`: the residual around layers >= 1."""
+    result d_in_h as J partial sums (L, D, J, B, 2P) float32, added here (the gradient of each
+    layer's [inputs; h]; a product for each gate), the carried h gradient (L, D, B, P), this
+    step's gradient of the unclipped projection d_h_raw (L, D, B, P, compute dtype), the mask
+    (L, B, S) int32, the outputs' gradients, the forward's saved h (L, D, B, S, P), the keep
+    masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots of the layers' input
+    gradients (L, D, B, S, P, float32: layer 0's is the stack's; the others are read by the next
+    step, as what each layer passes down) and of d_h_raw -> (those slots with slot s written, the
+    h gradient carried to slot s - 1, slot s - 1's d_h_raw). `clip`: the projection's; `skip`:
+    the residual around layers >= 1."""
     L, D, B, P = d_h_LDBP.shape
     R = L * D * B
-    d_h, d_h_raw = d_h_LDBP.reshape(R, P), d_h_raw_LDBP.reshape(R, P)
+    J, d_h, d_h_raw = d_in_h_LDJBK.shape[2], d_h_LDBP.reshape(R, P), d_h_raw_LDBP.reshape(R, P)
     keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_KDBSP is None else keep_KDBSP
-    # In float32, each (R, P): d_in_h's two halves and the inputs' half of the layer above read,
-    # d_h read and written, the output gradients of slots s and s - 1, h of slot s - 1 and the
+    # In float32, each (R, P): d_in_h's two halves and the inputs' half of the layer above read
+    # (J parts each), d_h read and written, the output gradients of slots s and s - 1, h of slot s - 1 and the
     # input gradients passed down (to this layer and the one above) read, the input gradient
     # written; d_h_raw read, written into its slot and for the next step; the keep masks of three
     # slots; the mask's rows.
     f32 = _bytes(d_h.shape, jnp.float32)
-    touched = (3 + 2 + 5 + 1) * f32 + 3 * _bytes(d_h.shape, d_h_raw.dtype) + (3 * R * P if rate else 0) + R * 4
+    touched = (3 * J + 2 + 5 + 1) * f32 + 3 * _bytes(d_h.shape, d_h_raw.dtype) + (3 * R * P if rate else 0) + R * 4
     d_ins, d_h_raws, d_h_prev, d_h_raw_next = _call(
         _backward_output_kernel,
         "lstm_backward_output",
         i,
         (d_h, d_h_raw),
-        (d_in_h_LDBK.reshape(R, 2 * P), d_out_LDBSP, h_LDBSP, keep, d_in_LDBSP, d_h_raw_LDBSP),
+        (d_in_h_LDJBK.reshape(L * D, J, B, 2 * P), d_out_LDBSP, h_LDBSP, keep, d_in_LDBSP, d_h_raw_LDBSP),
         (
             like(d_in_LDBSP, d_in_LDBSP.shape),
             like(d_h_raw_LDBSP, d_h_raw_LDBSP.shape),

@@ -42,8 +42,9 @@ from elmo_jax.model.cell_kernels import (
     clipped_gradient,
     forward_cell,
     forward_output,
+    projection_parts,
 )
-from elmo_jax.model.matmul import einsum, rounded_einsum
+from elmo_jax.model.matmul import einsum, rounded_einsum, rounds_results
 
 
 class LSTMState(NamedTuple):
@@ -165,14 +166,20 @@ def _wave_forward(
     may come as its halves (W_x, W_h), each (1, D, P, 4C) (`split_input_weights`)."""
     split = isinstance(W_0, tuple)
     L, D, B, T, P = (W_0[1] if split else W_0).shape[0], *x_DBTP.shape
+    C = W_proj.shape[2]
     S = T + L - 1
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
     if L == 1:
         W_x, W_h = W_0 if split else (W_0[:, :, :P], W_0[:, :, P:])
         gates_x_1DBSG = (input_gates(W_x[0], b[0], x_DBSP, st.dtype) if gates_DBTG is None else gates_DBTG)[None]
+    # The training step's cell as kernels of our own (`cell_kernels`): loops of several layers.
+    # They also save the projection's operand, which the projection's weight gradient reads.
+    own_cell = residuals and L > 1 and st.cell == "pallas"
     # The weights the loop reads (one layer: h's half), sliced and cast here, once: XLA would
-    # slice and convert a loop-invariant weight again at every step.
-    W_loop = (W_h if L == 1 else W_0).astype(st.dtype)
+    # slice and convert a loop-invariant weight again at every step. Our kernels take them gate
+    # by gate, (L, D, 4, K, C): each gate's product its own block, in both passes.
+    W_loop = W_h if L == 1 else W_0
+    W_loop = (jnp.swapaxes(W_loop.reshape(L, D, -1, 4, C), 2, 3) if own_cell else W_loop).astype(st.dtype)
     W_proj_loop = W_proj.astype(st.dtype)
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
     if reset_BT is not None:  # applied to the state a step leaves for the next (slot 0's: before the loop)
@@ -189,9 +196,6 @@ def _wave_forward(
     # below's output of the step before from its slot (it is not carried: no copy a step).
     widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
-    # The training step's cell as kernels of our own (`cell_kernels`): loops of several layers.
-    # They also save the projection's operand, which the projection's weight gradient reads.
-    own_cell = residuals and L > 1 and st.cell == "pallas"
     widths, dtypes = (widths + (W_proj.shape[2],), dtypes + (st.dtype,)) if own_cell else (widths, dtypes)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
     slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
@@ -235,19 +239,27 @@ def _wave_forward(
         return h, c, buffers
 
     def own_step(s, carry):  # the cell and the outputs as our kernels, the next step's operand carried
-        h, c, rows, (h_slots, acts, cells, outs, a_slots) = carry
-        z = rounded_einsum("ldbk,ldkg->ldbg", rows, W_loop, st.dtype)
-        acts, cells, a_slots, c, a = forward_cell(s, z, b, c, ran_LBS, acts, cells, a_slots, st.clips.cell)
-        h_raw = einsum("ldbc,ldcp->ldbp", a, W_proj_loop, st.dtype)
+        h, rows, (h_slots, acts, cells, outs, a_slots) = carry
+        # The gates' product, gate by gate: the rows broadcast over the 4 gates' weights.
+        z = rounded_einsum(
+            "ldgbk,ldgkc->ldgbc", jnp.broadcast_to(rows[:, :, None], (L, D, 4, B, 2 * P)), W_loop, st.dtype
+        )
+        acts, cells, a_slots, a_LDJBc = forward_cell(s, z, b, c_LDBC, ran_LBS, acts, cells, a_slots, st.clips.cell)
+        if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
+            h_raw = einsum("ldbc,ldcp->ldbp", _joined(a_LDJBc), W_proj_loop, st.dtype)[:, :, None]
+        else:  # J partial products, which forward_output sums (XLA would add them in a kernel of its own)
+            h_raw = einsum("ldjbc,ldjcp->ldjbp", a_LDJBc, W_proj_parts, st.dtype)
         h_slots, outs, h, rows = forward_output(
             s, h_raw, h, ran_LBS, x_DBSP, keep_8, h_slots, outs, st.clips.proj, st.skip, rate, st.dtype
         )
-        return h, c, rows, (h_slots, acts, cells, outs, a_slots)
+        return h, rows, (h_slots, acts, cells, outs, a_slots)
 
     if own_cell:
+        W_proj_parts = W_proj_loop.reshape(L, D, projection_parts(C), -1, W_proj.shape[3])
         inputs = jnp.concatenate([x_DBSP[None, :, :, 0], jnp.zeros_like(h_LDBP[1:])])  # slot 0: nothing from below
         rows = jnp.concatenate([inputs, h_LDBP], axis=-1).astype(st.dtype)
-        h, c, _, buffers = jax.lax.fori_loop(0, S, own_step, (h_LDBP, c_LDBC, rows, buffers), unroll=st.unroll)
+        h, _, buffers = jax.lax.fori_loop(0, S, own_step, (h_LDBP, rows, buffers), unroll=st.unroll)
+        c = buffers[2][:, :, :, -1]  # the cell each layer kept last (not carried: read from its slot)
     else:
         h, c, buffers = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, buffers), unroll=st.unroll)
     if not residuals:
@@ -271,6 +283,11 @@ def _wave_forward(
         *buffers[:3],
         a_LDBSC,
     )
+
+
+def _joined(x_LDJBc: jax.Array) -> jax.Array:
+    """(L, D, J, B, c) -> (L, D, B, J * c): J parts of the last axis put back side by side."""
+    return jnp.swapaxes(x_LDJBc, 2, 3).reshape(*x_LDJBc.shape[:2], x_LDJBc.shape[3], -1)
 
 
 def _kernel_masks(mask_LBS, keep_KDBSP, rate: float):
@@ -369,7 +386,10 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_gates_slots, d_gates, d_c = backward_cell(
             i, d_a, d_c, c0, ran_LBS, acts_LDBSG, c_LDBSC, d_gates_slots, st.clips.cell
         )
-        d_in_h = einsum("ldbg,ldkg->ldbk", d_gates, W_loop, st.dtype)
+        if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
+            d_in_h = einsum("ldbg,ldkg->ldbk", _joined(d_gates), _joined(W_loop), st.dtype)[:, :, None]
+        else:  # a product for each gate, which backward_output sums
+            d_in_h = einsum("ldgbc,ldgkc->ldgbk", d_gates, W_loop, st.dtype)
         d_in_slots, d_h_raw_slots, d_h, d_h_raw = backward_output(
             i, d_in_h, d_h, d_h_raw, ran_LBS, d_out_LDBSP, h_LDBSP, keep_8, d_in_slots, d_h_raw_slots,
             st.clips.proj, st.skip, rate,

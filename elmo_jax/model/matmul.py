@@ -20,6 +20,11 @@ def result_type(dtype: str):
     return jnp.float32 if dtype == "float32" or backend() != "cpu" else None
 
 
+def rounds_results(dtype: str) -> bool:
+    """Whether a product in `dtype` comes back rounded to it (narrow dtypes on CPU, above)."""
+    return result_type(dtype) is None
+
+
 def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32", rounded: bool = False) -> jax.Array:
     """The product in `dtype`, float32 out. `rounded`: its result rounded to `dtype` first, as
     XLA on CPU always rounds it (half the bytes written and read where the result is large)."""
