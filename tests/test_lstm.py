@@ -289,14 +289,14 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
     and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
     state and every gradient equal the XLA cell's, with masked steps, a carried state, with both
     clips firing, dropout and the residual, and with none of them, and blocks of one row (B = 3).
-    In float32 the projection is two partial products (of 4 of the C = 8 cell columns each, the
-    kernels' blocks as wide) and the gates' transposed product four, all summed by the kernels;
-    in bfloat16, whose products this CPU rounds, one each (blocks of a whole cell), as the XLA
-    cell's."""
+    In float32 the matmuls that contract over the cell (the projection, the gates' transposed
+    product) run as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks
+    as wide), which the kernels add; in bfloat16, whose products this CPU rounds, one each, as
+    the XLA cell's (blocks of a whole cell)."""
     from elmo_jax.model import cell_kernels
 
     if dtype == "float32":
-        monkeypatch.setattr(cell_kernels, "PROJECTION_CHUNK", 4)
+        monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
@@ -330,6 +330,18 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
         assert_within_rounding(got, w, s)
 
 
+def test_the_cell_kernels_split_a_contraction_over_the_cell_where_its_result_is_small():
+    """As XLA splits such a matmul's contraction (until its result has ~128 blocks of 128 x 128):
+    at the original size (4 layers x directions, C = 4096) and 128 rows the projection (P = 512)
+    in 8 parts, the gates' transposed product ([inputs; h], 1024) in 4; at 512 rows in 2 and 1;
+    the demo's (C = 128, 32 rows) in 4 and 4; parts of 32 columns at the least."""
+    from elmo_jax.model.cell_kernels import parts
+
+    assert [parts(4096, 4 * rows * n) for rows in (128, 512) for n in (512, 1024)] == [8, 4, 2, 1]
+    assert [parts(128, 4 * 32 * n) for n in (64, 128)] == [4, 4]
+    assert parts(4096, 1) == 128 and parts(384, 1) == 8 and parts(8, 1) == 1
+
+
 def test_the_pallas_cell_is_refused_where_it_cannot_run():
     """Its kernels are Triton's (GPUs). Traced for a TPU it says so, rather than running Pallas's
     interpreter there; on a CPU the interpreter runs them (these tests), but not inside the
@@ -343,9 +355,10 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
     slots = jnp.zeros((L, D, B, S, 4 * C)), jnp.zeros((L, D, B, S, C)), jnp.zeros((L, D, B, S, C))
 
     def cell(z):
-        return forward_cell(0, z, jnp.zeros((L, D, 4 * C)), z[:, :, 0], jnp.ones((L, B, S), jnp.int32), *slots, 3.0)
+        c0 = z[:, :, 0, :, 0]
+        return forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c0, jnp.ones((L, B, S), jnp.int32), *slots, 1, 3.0)
 
-    z = jnp.zeros((L, D, 4, B, C))
+    z = jnp.zeros((L, D, 1, B, 4, C))  # the cell's columns in 1 part
     cell(z)  # on this CPU, outside shard_map: runs
     with tracing_for("tpu"), pytest.raises(UserError, match="none for TPUs"):
         cell(z)

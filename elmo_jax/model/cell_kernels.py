@@ -20,10 +20,11 @@ kernel declares the bytes it reads and writes in its custom call's metadata (`BY
 `elmo_jax.plan` reads. A grid program handles a block of rows (of one layer and direction) and
 of the cell's columns, the four gates of those columns together.
 
-The matmuls between them are batched so that no kernel of XLA's runs between ours: the gates'
-product and its transpose gate by gate (the weights (L, D, 4, K, C)), the projection in J parts
-of the cell's columns; `forward_output` and `backward_output` add the partial products (XLA
-splits such long contractions itself and adds the parts in a kernel of its own).
+No kernel of XLA's runs between ours: a matmul that contracts over the cell's columns with a
+small result (the projection, the gates' transposed product) runs as a batch of products over
+parts of those columns (`parts`), which `forward_output` and `backward_output` add, where XLA
+would split it itself and add the parts in a kernel of its own. The gates' weights and the
+arrays of gates come with the cell's columns in the backward product's parts.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ GATES = ((0.5, 0.0, 0.5), (1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, 0.0, 0.5))
 BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
 FLOPS_KEY = "elmo_jax.flops"  # and the floating-point operations of its products, where it has any
 _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its columns C (powers of 2)
-# The projection's contraction over the cell's C columns runs as J matmuls of gcd(C, this)
-# columns each (one batched matmul), whose partial sums `forward_output` adds: XLA splits a
-# matmul with so long a contraction and so small a result anyway, and adds the parts in a kernel
-# of their own, each step. Blocks' columns divide it.
-PROJECTION_CHUNK = 512
+# A matmul whose contraction runs over the cell's C columns is split into parts (`parts`) until
+# its result has about this many blocks of 128 x 128 to compute in parallel (an H200 has 132
+# SMs), as XLA splits a long contraction with a small result anyway: then its partial sums are
+# added by our kernel after it, not by a kernel of XLA's of their own, each step. A part has at
+# least _PART_COLUMNS columns, and the kernels' blocks as many as divide every part.
+_PARALLEL_BLOCKS, _PART_COLUMNS = 128, 32
 
 
 class _Block:
@@ -64,6 +66,7 @@ class _Block:
         first, self._n_rows, self._n_columns, self._layer_rows = i * n_rows, n_rows, n_columns, D * B
         self.layer, self.d, self.b = first // (D * B), first // B % D, pl.ds(first % B, n_rows)
         self.ld = first // B  # the layer and direction's index in arrays (L * D, ...)
+        self._first_column = self._k * n_columns
         self.s = mask_ref.shape[2] - 1 - counter_ref[0] if down else counter_ref[0]
         self.rows, self.columns = pl.ds(first, n_rows), self.columns_from(0)
         self.ran = mask_ref[self.layer, self.b, self.s][:, None] != 0
@@ -74,7 +77,12 @@ class _Block:
 
     def columns_from(self, offset: int):
         """This program's columns of an array whose columns start at `offset`."""
-        return pl.ds(offset + self._k * self._n_columns, self._n_columns)
+        return pl.ds(offset + self._first_column, self._n_columns)
+
+    def in_parts(self, width: int):
+        """(the part, its columns) of this program's columns, where the columns are cut into
+        parts of `width`, a multiple of a block's columns."""
+        return self._first_column // width, pl.ds(self._first_column % width, self._n_columns)
 
 
 def clipped(x, value: float | None):
@@ -113,9 +121,10 @@ def _forward_kernel(
     *, clip, B, D,
 ):  # fmt: skip
     at = _Block(s_ref, mask_ref, *c0_ref.shape, B, D, down=False)
+    j, part_columns = at.in_parts(z_ref.shape[-1])
     acts = []
     for g, (slope, offset, shift) in enumerate(GATES):
-        z = z_ref[at.ld, g, at.b, at.columns].astype(jnp.float32) + b_ref[0, g, :][None, :]
+        z = z_ref[at.ld, j, at.b, g, part_columns].astype(jnp.float32) + b_ref[0, g, :][None, :]
         act = (slope * jnp.tanh(slope * z + offset) + shift).astype(acts_ref.dtype)
         acts_ref[at.rows, at.s, g, at.columns] = act
         acts.append(act.astype(jnp.float32))  # the values the backward pass reads back
@@ -124,8 +133,8 @@ def _forward_kernel(
     c_new = clipped(sf * c + si * tj, clip)
     cells_ref[at.rows, at.s, at.columns] = jnp.where(at.ran, c_new, c)
     a = (so * jnp.tanh(c_new)).astype(a_ref.dtype)
-    width = a_ref.shape[3]  # of a chunk, a multiple of a block's columns
-    a_ref[at.ld, at.columns.start // width, at.b, pl.ds(at.columns.start % width, at.columns.size)] = a
+    j, part_columns = at.in_parts(a_ref.shape[-1])
+    a_ref[at.ld, j, at.b, part_columns] = a
     a_slots_ref[at.rows, at.s, at.columns] = a
 
 
@@ -164,6 +173,7 @@ def _backward_kernel(
     *, clip, B, D,
 ):  # fmt: skip
     at = _Block(i_ref, mask_ref, *d_c_ref.shape, B, D, down=True)
+    j, part_columns = at.in_parts(d_gates_ref.shape[-1])
     acts = [acts_ref[at.rows, at.s, g, at.columns].astype(jnp.float32) for g in range(4)]
     si, tj, sf, so = acts
     c_new, c_prev = cells_ref[at.rows, at.s, at.columns], _cell_before(at, c0_ref, cells_ref)
@@ -175,7 +185,7 @@ def _backward_kernel(
     for g, ((slope, _, shift), act, d_act) in enumerate(zip(GATES, acts, d_acts, strict=True)):
         tanh_of_act = (act - shift) / slope
         d_gate = (d_act * slope * slope * (1.0 - tanh_of_act * tanh_of_act)).astype(d_gates_ref.dtype)
-        d_gates_ref[at.ld, g, at.b, at.columns] = d_gate
+        d_gates_ref[at.ld, j, at.b, g, part_columns] = d_gate
         d_slots_ref[at.rows, at.s, g, at.columns] = d_gate
     d_c_out_ref[...] = d_c_raw * sf + jnp.where(at.ran, 0.0, d_c)
 
@@ -242,15 +252,27 @@ def refuse_where_unable(setting: str, x: jax.Array) -> None:
 
 
 def _call(
-    kernel, name: str, counter, blocked, whole, out_shape, out_blocked, aliases, touched: int, mask_LBS, **static
+    kernel,
+    name: str,
+    counter,
+    blocked,
+    whole,
+    out_shape,
+    out_blocked,
+    aliases,
+    touched: int,
+    mask_LBS,
+    parts=(),
+    **static,
 ):
     """pallas_call of `kernel` (with the `static` arguments, B among them) over blocks of (R, C):
     inputs the loop's counter, `blocked` (R, C) or (R, 4, C) cut into blocks, the mask (L, B, S),
     `whole` (passed whole: read or written at slot s); outputs `out_shape`, those with
-    `out_blocked` cut into blocks."""
+    `out_blocked` cut into blocks. A block's columns divide C and each width in `parts` (the
+    columns' parts that the kernel reads or writes, `in_parts`)."""
     refuse_where_unable("lstm_cell", blocked[0])
     R, C, B = blocked[0].shape[0], blocked[0].shape[-1], static["B"]
-    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS, PROJECTION_CHUNK)
+    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS, *parts)
 
     def spec(x):
         if len(x.shape) == 2:
@@ -277,24 +299,30 @@ def _bytes(shape: tuple[int, ...], dtype) -> int:
     return math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-def projection_parts(C: int) -> int:
-    """J, the products the projection's contraction over C cell columns is split into."""
-    return C // math.gcd(C, PROJECTION_CHUNK)
+def parts(C: int, result_size: int) -> int:
+    """J, the parts of the cell's C columns that a matmul contracting over them, with a result of
+    `result_size` elements, runs as products of their own: a power of 2, doubled while the
+    result's blocks are fewer than _PARALLEL_BLOCKS and the parts stay _PART_COLUMNS wide. The
+    gates' weights and their products come in such parts, and the projection's operand."""
+    J = 1
+    while result_size * J < _PARALLEL_BLOCKS * 128 * 128 and C % (2 * J) == 0 and C // (2 * J) >= _PART_COLUMNS:
+        J *= 2
+    return J
 
 
-def forward_cell(s, z_LDGBC, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, clip: float | None):
-    """Step s of the wavefront's training forward: gates z (L, D, 4, B, C) in the compute dtype
-    (the matmul's rounded result, without the bias b (L, D, 4C)), the initial cell (L, D, B, C:
+def forward_cell(s, z_LDJBGc, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, J: int, clip: float | None):
+    """Step s of the wavefront's training forward: gates z (L, D, J', B, 4, C / J') in the
+    compute dtype, the cell's columns in J' parts (`parts`; the matmul's rounded result, without
+    the bias b (L, D, 4C)), the initial cell (L, D, B, C:
     the cell before slot 0), the mask (L, B, S) int32, and the save slots of the activations
     (L, D, B, S, 4C, compute dtype), of the cell (L, D, B, S, C: the cell each step leaves, the
     one it read where it did not run; the next step reads it there) and of the projection's
     operand (L, D, B, S, C, compute dtype: the projection's weight gradient reads it) -> (the
     three slots with slot s written, the projection's operand o * tanh(c) in the compute dtype,
-    its C columns as J = `projection_parts(C)` parts (L, D, J, B, C / J))."""
-    L, D, _, B, C = z_LDGBC.shape
+    its columns in J parts (L, D, J, B, C / J))."""
+    L, D, B, C = c0_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
-    J = projection_parts(C)
-    z, c0 = z_LDGBC.reshape(L * D, 4, B, C), c0_LDBC.reshape(R, C)
+    z, c0 = z_LDJBGc.reshape(L * D, -1, B, 4, z_LDJBGc.shape[-1]), c0_LDBC.reshape(R, C)
     # z and b read, the cell of slot s - 1 (or c0) read, the activations', the cell's slot and a
     # written, the mask's rows
     touched = _bytes(z.shape, z.dtype) + _bytes(b_LDG.shape, b_LDG.dtype) + _bytes(c0.shape, c_LDBSC.dtype)
@@ -315,6 +343,7 @@ def forward_cell(s, z_LDGBC, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LD
         {5: 0, 6: 1, 7: 2},  # the slots
         touched,
         mask_LBS,
+        parts=(z.shape[-1], C // J),
         clip=clip,
         B=B,
         D=D,
@@ -327,14 +356,17 @@ def forward_cell(s, z_LDGBC, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LD
     )
 
 
-def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, clip: float | None):
+def backward_cell(
+    i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, J: int, clip: float | None
+):
     """Step s = S - 1 - i of the wavefront's backward (i: the loop's counter, so that no kernel
     computes s for this one): the gradient of o * tanh(c) (L, D, B, C) in the
     compute dtype (the projection's transposed matmul, rounded), the carried cell gradient
     (L, D, B, C), the initial cell (L, D, B, C: the cell before slot 0), the mask (L, B, S) int32,
     the forward's saved activations and cells, and the gates' gradient's save slots
     (L, D, B, S, 4C, compute dtype) -> (those slots with slot s written, the gates' gradient
-    (L, D, 4, B, C) in the compute dtype, the cell gradient carried to step s - 1)."""
+    in the compute dtype, the cell's columns in J parts (L, D, J, B, 4, C / J), the cell gradient
+    carried to step s - 1)."""
     L, D, B, C = d_a_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
     d_a, d_c = d_a_LDBC.reshape(R, C), d_c_LDBC.reshape(R, C)
@@ -348,16 +380,18 @@ def backward_cell(i, d_a_LDBC, d_c_LDBC, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC,
         i,
         (d_a, d_c, c0_LDBC.reshape(R, C)),
         (acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), d_gates_LDBSG.reshape(R, S, 4, C)),
-        (like(d_gates_LDBSG, (R, S, 4, C)), like(d_a, (L * D, 4, B, C), dtype), like(d_c, (R, C))),
+        (like(d_gates_LDBSG, (R, S, 4, C)), like(d_a, (L * D, J, B, 4, C // J), dtype), like(d_c, (R, C))),
         (False, False, True),
         {7: 0, 2: 2},  # the slots; d_c's block read, then written: in place
         touched,
         mask_LBS,
+        parts=(C // J,),
         clip=clip,
         B=B,
         D=D,
     )
-    return slots.reshape(d_gates_LDBSG.shape), d_gates.reshape(L, D, 4, B, C), d_c_prev.reshape(d_c_LDBC.shape)
+    d_gates = d_gates.reshape(L, D, J, B, 4, C // J)
+    return slots.reshape(d_gates_LDBSG.shape), d_gates, d_c_prev.reshape(d_c_LDBC.shape)
 
 
 def forward_output(s, h_raw_LDJBP, h_LDBP, mask_LBS, x_DBSP, keep_KDBSP, h_LDBSP, out_LDBSP, clip, skip, rate, dtype):
@@ -407,14 +441,14 @@ def backward_output(
 ):  # fmt: skip
     """Step s = S - 1 - i of the wavefront's backward after the gates' transposed matmul: its
     result d_in_h as J partial sums (L, D, J, B, 2P) float32, added here (the gradient of each
-    layer's [inputs; h]; a product for each gate), the carried h gradient (L, D, B, P), this
-    step's gradient of the unclipped projection d_h_raw (L, D, B, P, compute dtype), the mask
-    (L, B, S) int32, the outputs' gradients, the forward's saved h (L, D, B, S, P), the keep
-    masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots of the layers' input
-    gradients (L, D, B, S, P, float32: layer 0's is the stack's; the others are read by the next
-    step, as what each layer passes down) and of d_h_raw -> (those slots with slot s written, the
-    h gradient carried to slot s - 1, slot s - 1's d_h_raw). `clip`: the projection's; `skip`:
-    the residual around layers >= 1."""
+    layer's [inputs; h]; a product for each part of the cell's columns), the carried h gradient
+    (L, D, B, P), this step's gradient of the unclipped projection d_h_raw (L, D, B, P, compute
+    dtype), the mask (L, B, S) int32, the outputs' gradients, the forward's saved h (L, D, B, S,
+    P), the keep masks (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots of the
+    layers' input gradients (L, D, B, S, P, float32: layer 0's is the stack's; the others are read
+    by the next step, as what each layer passes down) and of d_h_raw -> (those slots with slot s
+    written, the h gradient carried to slot s - 1, slot s - 1's d_h_raw). `clip`: the
+    projection's; `skip`: the residual around layers >= 1."""
     L, D, B, P = d_h_LDBP.shape
     R = L * D * B
     J, d_h, d_h_raw = d_in_h_LDJBK.shape[2], d_h_LDBP.reshape(R, P), d_h_raw_LDBP.reshape(R, P)

@@ -42,7 +42,7 @@ from elmo_jax.model.cell_kernels import (
     clipped_gradient,
     forward_cell,
     forward_output,
-    projection_parts,
+    parts,
 )
 from elmo_jax.model.matmul import einsum, rounded_einsum, rounds_results
 
@@ -176,10 +176,14 @@ def _wave_forward(
     # They also save the projection's operand, which the projection's weight gradient reads.
     own_cell = residuals and L > 1 and st.cell == "pallas"
     # The weights the loop reads (one layer: h's half), sliced and cast here, once: XLA would
-    # slice and convert a loop-invariant weight again at every step. Our kernels take them gate
-    # by gate, (L, D, 4, K, C): each gate's product its own block, in both passes.
+    # slice and convert a loop-invariant weight again at every step. With our kernels, the cell's
+    # columns in J parts (L, D, J, K, 4, C / J), so that the gates' transposed product is J
+    # products whose parts the kernel after it adds (`cell_kernels.parts`: its result is small).
     W_loop = W_h if L == 1 else W_0
-    W_loop = (jnp.swapaxes(W_loop.reshape(L, D, -1, 4, C), 2, 3) if own_cell else W_loop).astype(st.dtype)
+    if own_cell:
+        J = parts(C, L * D * B * 2 * P)
+        W_loop = jnp.moveaxis(W_loop.reshape(L, D, 2 * P, 4, J, C // J), 4, 2)
+    W_loop = W_loop.astype(st.dtype)
     W_proj_loop = W_proj.astype(st.dtype)
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, B, T)), S, axis=2, fill=False)
     if reset_BT is not None:  # applied to the state a step leaves for the next (slot 0's: before the loop)
@@ -240,22 +244,22 @@ def _wave_forward(
 
     def own_step(s, carry):  # the cell and the outputs as our kernels, the next step's operand carried
         h, rows, (h_slots, acts, cells, outs, a_slots) = carry
-        # The gates' product, gate by gate: the rows broadcast over the 4 gates' weights.
-        z = rounded_einsum(
-            "ldgbk,ldgkc->ldgbc", jnp.broadcast_to(rows[:, :, None], (L, D, 4, B, 2 * P)), W_loop, st.dtype
-        )
-        acts, cells, a_slots, a_LDJBc = forward_cell(s, z, b, c_LDBC, ran_LBS, acts, cells, a_slots, st.clips.cell)
+        # The gates' product in the weights' parts of the cell's columns, the rows broadcast to each.
+        rows_J = jnp.broadcast_to(rows[:, :, None], (L, D, J, B, 2 * P))
+        z = rounded_einsum("ldjbk,ldjkn->ldjbn", rows_J, W_loop.reshape(L, D, J, 2 * P, -1), st.dtype)
+        z = z.reshape(L, D, J, B, 4, C // J)
+        acts, cells, a_slots, a = forward_cell(s, z, b, c_LDBC, ran_LBS, acts, cells, a_slots, J_proj, st.clips.cell)
         if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
-            h_raw = einsum("ldbc,ldcp->ldbp", _joined(a_LDJBc), W_proj_loop, st.dtype)[:, :, None]
-        else:  # J partial products, which forward_output sums (XLA would add them in a kernel of its own)
-            h_raw = einsum("ldjbc,ldjcp->ldjbp", a_LDJBc, W_proj_parts, st.dtype)
+            h_raw = einsum("ldbc,ldcp->ldbp", _joined(a), W_proj_loop, st.dtype)[:, :, None]
+        else:  # J_proj partial products, which forward_output adds
+            h_raw = einsum("ldjbc,ldjcp->ldjbp", a, W_proj_loop.reshape(L, D, J_proj, -1, P), st.dtype)
         h_slots, outs, h, rows = forward_output(
             s, h_raw, h, ran_LBS, x_DBSP, keep_8, h_slots, outs, st.clips.proj, st.skip, rate, st.dtype
         )
         return h, rows, (h_slots, acts, cells, outs, a_slots)
 
     if own_cell:
-        W_proj_parts = W_proj_loop.reshape(L, D, projection_parts(C), -1, W_proj.shape[3])
+        J_proj = parts(C, L * D * B * P)  # the projection's operand's parts
         inputs = jnp.concatenate([x_DBSP[None, :, :, 0], jnp.zeros_like(h_LDBP[1:])])  # slot 0: nothing from below
         rows = jnp.concatenate([inputs, h_LDBP], axis=-1).astype(st.dtype)
         h, _, buffers = jax.lax.fori_loop(0, S, own_step, (h_LDBP, rows, buffers), unroll=st.unroll)
@@ -285,9 +289,11 @@ def _wave_forward(
     )
 
 
-def _joined(x_LDJBc: jax.Array) -> jax.Array:
-    """(L, D, J, B, c) -> (L, D, B, J * c): J parts of the last axis put back side by side."""
-    return jnp.swapaxes(x_LDJBc, 2, 3).reshape(*x_LDJBc.shape[:2], x_LDJBc.shape[3], -1)
+def _joined(x: jax.Array) -> jax.Array:
+    """(L, D, J, N, ..., c) -> (L, D, N, ... * J * c): the J parts of the cell's columns (axis
+    2) put back side by side, as the XLA cell has them (the gates' (4, C) as 4C)."""
+    x = jnp.moveaxis(x, 2, -2)
+    return x.reshape(*x.shape[:3], -1)
 
 
 def _kernel_masks(mask_LBS, keep_KDBSP, rate: float):
@@ -338,6 +344,7 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
     skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
     own_cell = a_LDBSC is not None  # the forward ran our kernels, which saved the projection's operand
+    J = W_loop.shape[2] if own_cell else None  # the weights' parts of the cell's columns
     ran_LBS, keep_8, rate = _kernel_masks(mask_LBS, keep_KDBSP, st.dropout) if own_cell else (None, None, None)
 
     def output_gradients(s, d_h, d_above):
@@ -384,12 +391,13 @@ def _wavefront_bwd(st: _Stack, residuals, cotangents):
         d_h, d_c, d_h_raw, (d_gates_slots, d_h_raw_slots, d_in_slots) = carry
         d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, W_proj_loop, st.dtype)  # as the forward's gates
         d_gates_slots, d_gates, d_c = backward_cell(
-            i, d_a, d_c, c0, ran_LBS, acts_LDBSG, c_LDBSC, d_gates_slots, st.clips.cell
+            i, d_a, d_c, c0, ran_LBS, acts_LDBSG, c_LDBSC, d_gates_slots, J, st.clips.cell
         )
         if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
             d_in_h = einsum("ldbg,ldkg->ldbk", _joined(d_gates), _joined(W_loop), st.dtype)[:, :, None]
-        else:  # a product for each gate, which backward_output sums
-            d_in_h = einsum("ldgbc,ldgkc->ldgbk", d_gates, W_loop, st.dtype)
+        else:  # J partial products (the weights' parts), which backward_output adds
+            d_gates, W_parts = d_gates.reshape(L, D, J, B, -1), W_loop.reshape(L, D, J, 2 * P, -1)
+            d_in_h = einsum("ldjbn,ldjkn->ldjbk", d_gates, W_parts, st.dtype)
         d_in_slots, d_h_raw_slots, d_h, d_h_raw = backward_output(
             i, d_in_h, d_h, d_h_raw, ran_LBS, d_out_LDBSP, h_LDBSP, keep_8, d_in_slots, d_h_raw_slots,
             st.clips.proj, st.skip, rate,
