@@ -198,11 +198,11 @@ def _wave_forward(
     # the bytes of the loops' largest arrays) and (when layers feed layers) its outputs; slot
     # s - 1's state is what step s read. Else only the outputs. Layers >= 1 read the layer
     # below's output of the step before from its slot (it is not carried: no copy a step).
-    widths = (P, 4 * W_proj.shape[2], W_proj.shape[2]) + ((P,) if L > 1 else ()) if residuals else (P,)
+    widths = (P, 4 * C, C) + ((P,) if L > 1 else ()) if residuals else (P,)
     dtypes = (x_DBTP.dtype, st.dtype, x_DBTP.dtype, x_DBTP.dtype) if residuals else (x_DBTP.dtype,)
-    widths, dtypes = (widths + (W_proj.shape[2],), dtypes + (st.dtype,)) if own_cell else (widths, dtypes)
+    widths, dtypes = (widths + (C,), dtypes + (st.dtype,)) if own_cell else (widths, dtypes)
     buffers = tuple(_slots_like(x_DBTP, (L, D, B, S, n), dtype) for n, dtype in zip(widths, dtypes))
-    slope, offset, scale, shift = _gate_constants(W_proj.shape[2])
+    slope, offset, scale, shift = _gate_constants(C)
     ran_LBS, keep_8, rate = _kernel_masks(mask_LBS, keep_KDBSP, st.dropout) if own_cell else (None, None, None)
 
     def step(s, carry):
