@@ -123,9 +123,11 @@ def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_row
     out_ref[chunk, :, columns] = jax.lax.fori_loop(0, chunk_rows // n_rows * W, block, acc)
 
 
-def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, touched: int, flops: int, args):
-    """pallas_call of `kernel` over `grid` on `args`, declaring the bytes it moves and its FLOPs."""
+def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, args):
+    """pallas_call of `kernel` over `grid` on `args`, declaring its FLOPs and the bytes it moves:
+    each operand and result once."""
     refuse_where_unable("char_conv", args[0])
+    touched = _nbytes(*args, *jax.tree.leaves(out_shape))
     return pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -161,7 +163,6 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
         ],
         (pl.BlockSpec((n_rows, n_columns), lambda j, i: (i, j)), pl.no_block_spec),
         out_shape,
-        _nbytes(windows_WNK, bank_KF, last_F, *out_shape),
         2 * W * N * K * F,
         (windows_WNK, bank_KF, last_F),
     )
@@ -180,7 +181,6 @@ def window_gradients(share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Arr
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
         out_shape,
-        _nbytes(share_NF, words_MNF, bank_KF, out_shape),
         2 * W * N * K * F,
         (share_NF, words_MNF, bank_KF),
     )
@@ -201,7 +201,6 @@ def filter_gradients(windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
         out_shape,
-        _nbytes(windows_WNK, share_NF, words_MNF, out_shape),
         2 * W * N * K * F,
         (windows_WNK, share_NF, words_MNF),
     )

@@ -106,12 +106,13 @@ def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
         if x_NCD.dtype != dtype:
             raise ValueError(f"the char CNN's kernels take characters in the compute dtype {dtype}, not {x_NCD.dtype}")
         windows_WNK = _kernel_windows(_windows(jnp.swapaxes(x_NCD, 0, 1), widest, axis=0), dtype)
-        max_NF, ties_MNF = char_kernels.max_and_ties(windows_WNK, *_kernel_bank(w_KF, C - width_F, dtype), dtype)
-        return max_NF[:N, :F], (windows_WNK, w_filters, ties_MNF)
+        bank, last_F = _kernel_bank(w_KF, C - width_F, dtype)
+        max_NF, ties_MNF = char_kernels.max_and_ties(windows_WNK, bank, last_F, dtype)
+        return max_NF[:N, :F], (windows_WNK, w_filters, ties_MNF, bank)
     windows_NWK = _windows(x_NCD, widest, axis=1)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
-    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF)
+    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF, None)
 
 
 def _kernel_windows(windows_WNK: jax.Array, dtype: str) -> jax.Array:
@@ -145,7 +146,7 @@ def _max_and_ties(y_NWF: jax.Array) -> tuple[jax.Array, jax.Array]:
     also counted ties ran at a tenth of an H200's memory bandwidth: docs/PERFORMANCE.md). On CPU a
     max reduction, then the bits of the positions equal to it, which XLA runs faster there."""
     W = y_NWF.shape[1]
-    bit_W = np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
+    bit_W = _position_bits(W)
     if backend() == "cpu":
         max_NF = jnp.max(y_NWF, axis=1)
         bits_NWF = jnp.where(y_NWF == max_NF[:, None], bit_W[:, None], np.uint32(0))
@@ -160,6 +161,11 @@ def _max_and_ties(y_NWF: jax.Array) -> tuple[jax.Array, jax.Array]:
     return max_NF, jnp.stack(words)
 
 
+def _position_bits(W: int) -> np.ndarray:
+    """Each of W positions' bit in its uint32 word of `_max_and_ties`' bits: (W,) uint32."""
+    return np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
+
+
 def _shares(ties_MNF: jax.Array, g_NF: jax.Array, dtype: str) -> jax.Array:
     """The max's gradient g (N, F) split evenly among the positions that hold it (`_max_and_ties`'
     bits): each one's share (N, F) in `dtype`."""
@@ -170,7 +176,7 @@ def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) 
     """The gradient of the max at its positions (`_max_and_ties`' bits), split evenly among
     them as TF's max does: (N, F) -> (N, W, F) in `dtype`, zero at the other positions."""
     share_NF = _shares(ties_MNF, g_NF, dtype)
-    bit_W = np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
+    bit_W = _position_bits(W)
     word_NWF = jnp.concatenate(
         [
             jnp.broadcast_to(word[:, None], (word.shape[0], min(32, W - 32 * m), word.shape[1]))
@@ -182,13 +188,12 @@ def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) 
 
 
 def _conv_max_backward(dtype, kernels, residuals, g_NF):
-    windows, w_filters, ties_MNF = residuals
+    windows, w_filters, ties_MNF, bank = residuals  # bank: our kernels' (None on XLA's path)
     w_KF, width_F = _filter_bank(w_filters)
     (N, F), D = g_NF.shape, w_filters[0].shape[1]
     widest, narrowest = int(width_F.max()), int(width_F.min())
     if kernels:
         W, Np, _ = windows.shape
-        bank, _ = _kernel_bank(w_KF, W + narrowest - 1 - width_F, dtype)
         share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
         dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
         d_windows = char_kernels.window_gradients(share_NF, ties_MNF, bank, W, dtype)[:, :N, : widest * D]
