@@ -616,3 +616,66 @@ def test_a_gather_offloaded_to_a_sparsecore_reads_the_rows_it_gathers():
     (gather,) = Program(GATHER_OFFLOAD, "tpu").kernels()
     assert (gather.opcode, gather.part) == ("custom-call-update", "softmax")
     assert gather.bytes == 2 * 2048 * 512 * 4 + 2048 * 4
+
+
+# The published char CNN (experiments/elmo_original.py): 7 filters up to width 7 over 16-wide
+# character embeddings (112-wide windows), 2,048 filters, 50 characters.
+PUBLISHED_CHAR_CNN = (50, 128, 2048)  # W, K, F as the kernels see them
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", [t for t in sorted(TARGETS) if TARGETS[t].platform == "cuda"])
+def test_the_char_cnn_kernels_choose_blocks_that_fit_each_gpu(name, dtype):
+    """Triton stages a block's operands in the GPU's shared memory: the published sizes' largest
+    block asks an H200 for 360,448 bytes in float32 (232,448 there) and an A100 for 294,912 (166,912).
+    Each kernel takes the largest block whose kernel compiles for the target; on an H200 in
+    bfloat16 (the measured program) that is the largest of all."""
+    _need_plugin()
+    import jax
+
+    from elmo_jax.model import char_kernels
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.plan.program import abstract_devices
+
+    # The precision of a run (float32 products as TF32), not the tests' "highest" (conftest.py).
+    with tracing_for("gpu", abstract_devices(TARGETS[name], 1)[0]), jax.default_matmul_precision("default"):
+        assert char_kernels.unfit(*PUBLISHED_CHAR_CNN, dtype) is None
+        chosen = {
+            kernel: char_kernels.chosen_block(kernel, *PUBLISHED_CHAR_CNN, dtype) for kernel in char_kernels.KERNELS
+        }
+        for kernel, block in chosen.items():  # the largest that fits
+            larger = char_kernels.BLOCKS[: char_kernels.BLOCKS.index(block)]
+            assert all(char_kernels._refusal(kernel, b, *PUBLISHED_CHAR_CNN, dtype) for b in larger), (kernel, block)
+    if (name, dtype) == ("h200", "bfloat16"):
+        assert set(chosen.values()) == {char_kernels.BLOCKS[0]}
+    if dtype == "float32":  # the block of bfloat16 on an H200 does not fit float32's operands
+        assert chosen[char_kernels.WINDOWS] != char_kernels.BLOCKS[0]
+
+
+def test_a_gpu_too_small_for_the_char_cnn_kernels_gets_xlas_with_one_warning_or_a_one_line_refusal(caplog):
+    """Where no block fits (here a GPU of 16 KiB of shared memory a block), char_conv=auto falls
+    back to XLA's path, saying why once; char_conv=pallas is refused naming the kernel."""
+    _need_plugin()
+    import dataclasses
+    import logging
+
+    from elmo_jax.experiments import elmo_original
+
+    from elmo_jax.errors import UserError
+    from elmo_jax.experiment import model_config
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.token_encoder import conv, kernel_blocks
+    from elmo_jax.plan.program import abstract_devices
+
+    a100 = TARGETS["a100"]
+    small = {"shared_memory_per_block_optin": 16 * 1024, "shared_memory_per_core": 16 * 1024}
+    kind = "NVIDIA A100 of 16 KiB of shared memory a block"  # a GPU Pallas knows, as no cached probe names it
+    tiny = dataclasses.replace(a100, name="tiny", description=kind, gpu={**a100.gpu, **small})
+    model = model_config(elmo_original.get_config())
+    with tracing_for("gpu", abstract_devices(tiny, 1)[0]), caplog.at_level(logging.WARNING):
+        assert conv(model) == "xla" and conv(model) == "xla"
+        with pytest.raises(UserError, match=r"char_conv='pallas': the char CNN kernel char_cnn_\w+ does not fit"):
+            kernel_blocks(dataclasses.replace(model, char_conv="pallas"))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("char_conv='auto': XLA's char CNN, as ours cannot run here: the char CNN kernel")
+    assert kind in warning and "Shared memory" in warning

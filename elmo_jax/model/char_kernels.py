@@ -17,6 +17,12 @@ zero-padded to a power of two), the filter bank (K, F), F and N padded to whole 
 them, to the numbers of token_encoder's XLA path. Each kernel declares the HBM bytes it moves (each operand once: the
 blocks that share an operand run side by side and meet in L2) in its custom call's metadata
 (`cell_kernels.BYTES_KEY`), which `elmo_jax.plan` reads.
+
+Block sizes fit the GPU's shared memory (`chosen_block`): Triton stages a block's operands
+there, and how much it asks for depends on the GPU's generation, the dtype, the matmul precision
+and the widest window K in ways no formula here would track, so each kernel is compiled alone for
+the device the model is traced for (as Triton's autotuner tries its configurations), from the
+largest of BLOCKS down, and keeps the first that the compiler accepts.
 """
 
 from __future__ import annotations
@@ -26,12 +32,17 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
-from elmo_jax.model.backend import backend
+from elmo_jax.errors import UserError
+from elmo_jax.model.backend import backend, device
 from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY, like, refuse_where_unable
 
 ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
+# (words, filters) of a block, tried in this order on a GPU until one fits its shared memory (`chosen_block`).
+BLOCKS = ((ROWS, COLUMNS), (32, 128), (64, 64), (32, 64), (16, 64), (16, 32))
+Block = tuple[int, int]  # (words, filters) of a grid program
 CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: filter blocks x chunks)
 
 
@@ -144,17 +155,18 @@ def _nbytes(*arrays) -> int:
     return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
-def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str):
+def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str, block: Block | None = None):
     """Windows (W, N, K) and the filter bank (K, F) in `dtype`, each filter's last position
     (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
-    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32."""
+    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32. `block`: (words,
+    filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
     W, N, K = windows_WNK.shape
     F = bank_KF.shape[1]
-    n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
+    n_rows, n_columns = _within(block or chosen_block(MAX, W, K, F, dtype), N, F)
     out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (-(-W // 32), N, F), jnp.uint32))
     return _call(
         lambda *refs: _max_kernel(*refs, dtype=dtype),
-        "char_cnn_max",
+        MAX,
         (F // n_columns, N // n_rows),
         [
             pl.no_block_spec,
@@ -168,15 +180,17 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
     )
 
 
-def window_gradients(share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, dtype: str):
+def window_gradients(
+    share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, dtype: str, block: Block | None = None
+) -> jax.Array:
     """The max's gradient (its share of each max (N, F) in `dtype`, the bits of `max_and_ties`)
     times the filter bank's transpose: the windows' gradient (W, N, K) float32."""
     N, F, K = *share_NF.shape, bank_KF.shape[0]
-    n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
+    n_rows, n_columns = _within(block or chosen_block(WINDOWS, W, K, F, dtype), N, F)
     out_shape = like(share_NF, (W, N, K), jnp.float32)
     return _call(
         lambda *refs: _window_gradient_kernel(*refs, W=W, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
-        "char_cnn_window_gradients",
+        WINDOWS,
         (N // n_rows * W,),
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
@@ -186,17 +200,19 @@ def window_gradients(share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Arr
     )
 
 
-def filter_gradients(windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str):
+def filter_gradients(
+    windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str, block: Block | None = None
+) -> jax.Array:
     """The windows' transpose times the max's gradient (as `window_gradients`): the filter
     bank's gradient (K, F) float32, summed over words in (at most) CHUNKS partial sums."""
     W, N, K = windows_WNK.shape
     F = share_NF.shape[1]
-    n_rows, n_columns = min(ROWS, N), min(COLUMNS, F)
+    n_rows, n_columns = _within(block or chosen_block(FILTERS, W, K, F, dtype), N, F)
     chunks = math.gcd(CHUNKS, N // n_rows)
     out_shape = like(share_NF, (chunks, K, F), jnp.float32)
     partial = _call(
         lambda *refs: _filter_gradient_kernel(*refs, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
-        "char_cnn_filter_gradients",
+        FILTERS,
         (F // n_columns, chunks),
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
@@ -205,3 +221,84 @@ def filter_gradients(windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax
         (windows_WNK, share_NF, words_MNF),
     )
     return partial.sum(axis=0)
+
+
+MAX, WINDOWS, FILTERS = "char_cnn_max", "char_cnn_window_gradients", "char_cnn_filter_gradients"
+KERNELS = (MAX, WINDOWS, FILTERS)
+
+
+def _within(block: Block, N: int, F: int) -> Block:
+    """A block of (words, filters) no larger than the N words and F filters."""
+    return min(block[0], N), min(block[1], F)
+
+
+def chosen_block(kernel: str, W: int, K: int, F: int, dtype: str) -> Block:
+    """(words, filters) of `kernel`'s grid programs for W positions, K-wide windows and F filters
+    (padded) in `dtype`: on a GPU the first of BLOCKS whose kernel compiles for the device the
+    model is traced for (Triton stages the operands in its shared memory), elsewhere (Pallas
+    interprets the kernels) the largest. A UserError where none fits."""
+    if not _compiled_by_triton():
+        return BLOCKS[0]
+    for block in BLOCKS:
+        if _refusal(kernel, block, W, K, F, dtype) is None:
+            return block
+    raise UserError(f"char_conv='pallas': {unfit(W, K, F, dtype)}: use char_conv='xla'")
+
+
+def unfit(W: int, K: int, F: int, dtype: str) -> str | None:
+    """Why the kernels cannot run for W positions, K-wide windows and F filters in `dtype` on the
+    device the model is traced for (the first that fits at no block size, and the compiler's
+    words for its smallest), or None where each has a block that fits."""
+    if not _compiled_by_triton():
+        return None
+    for kernel in KERNELS:
+        if all(_refusal(kernel, block, W, K, F, dtype) for block in BLOCKS):  # stops at the first that fits
+            (rows, columns), kind = BLOCKS[-1], device().device_kind
+            return (
+                f"the char CNN kernel {kernel} does not fit on {kind} at any block size ({K}-wide windows in "
+                f"{dtype}; at {rows} words x {columns} filters: {_refusal(kernel, BLOCKS[-1], W, K, F, dtype)})"
+            )
+    return None
+
+
+def _compiled_by_triton() -> bool:
+    """The model is traced for a GPU, and a GPU (or a target's abstract one) is there to compile for."""
+    return backend() == "gpu" and device().platform == "gpu"
+
+
+_REFUSALS: dict[tuple, str | None] = {}
+
+
+def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> str | None:
+    """The compiler's reason why `kernel` at `block` cannot run on the device the model is traced
+    for (its first line: a resource exhausted), or None where it compiles. Compiled alone over
+    one block of words, once per device kind and matmul precision (float32 products as TF32 or
+    not stage different operands)."""
+    on = device()
+    key = (kernel, block, W, K, F, dtype, on.platform, on.device_kind, jax.config.jax_default_matmul_precision)
+    if key not in _REFUSALS:
+        mesh = jax.sharding.Mesh(np.array([on]), ("block",))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+        def operand(shape, dtype_):
+            return jax.ShapeDtypeStruct(shape, dtype_, sharding=sharding)
+
+        windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
+        words = operand((-(-W // 32), ROWS, F), jnp.uint32)
+        calls = {
+            MAX: (lambda *a: max_and_ties(*a, dtype, block), (windows, bank, operand((F,), jnp.int32))),
+            WINDOWS: (lambda *a: window_gradients(*a, W, dtype, block), (share, words, bank)),
+            FILTERS: (lambda *a: filter_gradients(*a, dtype, block), (windows, share, words)),
+        }
+        call, operands = calls[kernel]
+        call.__name__ = kernel  # in the compile log
+        try:
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                lowered = jax.jit(call).lower(*operands)
+            lowered.compile()
+            _REFUSALS[key] = None
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            _REFUSALS[key] = str(e).splitlines()[0]
+    return _REFUSALS[key]

@@ -7,6 +7,7 @@ max over positions, activation -> concat (..., F) -> highway layers -> projectio
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,8 @@ from elmo_jax.config import N_CHARACTERS, ModelConfig
 from elmo_jax.model import Params, char_kernels
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
+
+log = logging.getLogger(__name__)
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
@@ -219,10 +222,42 @@ def conv(config: ModelConfig) -> str:
     """ "xla" or "pallas": the training step's char CNN, config.char_conv with "auto" resolved
     for the default backend (our kernels on GPUs, where they leave the step's largest activation
     out of device memory: about 3 of the 4.9 GB a train step of the published size moves at 128
-    rows, by `elmo-jax plan`; XLA's elsewhere)."""
+    rows, by `elmo-jax plan`; XLA's elsewhere, and on a GPU whose shared memory they do not fit,
+    said once)."""
     if config.char_conv != "auto":
         return config.char_conv
-    return "pallas" if backend() == "gpu" else "xla"
+    if backend() != "gpu":
+        return "xla"
+    reason = char_kernels.unfit(*_kernel_sizes(config), config.compute_dtype)
+    if reason:
+        _say_once(f"char_conv='auto': XLA's char CNN, as ours cannot run here: {reason}")
+        return "xla"
+    return "pallas"
+
+
+def kernel_blocks(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Each char CNN kernel's block of (words, filters), as `char_kernels.chosen_block` chooses it for
+    the device the model is traced for."""
+    W, K, F = _kernel_sizes(config)
+    return {kernel: char_kernels.chosen_block(kernel, W, K, F, config.compute_dtype) for kernel in char_kernels.KERNELS}
+
+
+def _kernel_sizes(config: ModelConfig) -> tuple[int, int, int]:
+    """W, K, F of the char CNN's kernels (`char_kernels`): the positions, the widest filter's
+    window and the filters, as `_conv_max_forward` pads them."""
+    cnn = config.char_cnn
+    widths = [width for width, _ in cnn.filters]
+    W = cnn.max_characters_per_token - min(widths) + 1
+    return (
+        W,
+        char_kernels.padded(max(widths) * cnn.embedding_dim),
+        char_kernels.padded(cnn.n_filters, char_kernels.COLUMNS),
+    )
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning(message)
 
 
 def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig, kernels: bool = False) -> jax.Array:

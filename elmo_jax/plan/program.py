@@ -38,6 +38,7 @@ class CompiledStep:
     compile_s: float
     lstm_cell: str = "xla"
     char_conv: str = "xla"
+    char_blocks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # our char CNN's kernels
 
     @property
     def needs_bytes(self) -> int:
@@ -104,7 +105,7 @@ def compile_train_step(
     from elmo_jax.experiment import model_config, train_settings
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.model.lstm import cell, schedule
-    from elmo_jax.model.token_encoder import conv
+    from elmo_jax.model.token_encoder import conv, kernel_blocks
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
     from elmo_jax.train.step import abstract_train_state, make_train_step
@@ -114,7 +115,7 @@ def compile_train_step(
         config.train.per_device_batch_size = per_device_batch
         config.train.devices = devices
     parallel = DataParallel(devices, among=abstract_devices(target, devices))
-    with tracing_for("gpu" if target.platform == "cuda" else "tpu"):
+    with tracing_for(_traced_platform(target), parallel.mesh.devices.flat[0]):
         model = model_config(config)
         hp = train_settings(config, vocab_size)
         rows, T = per_device_batch * devices, hp.unroll_steps
@@ -131,6 +132,7 @@ def compile_train_step(
         compiled = compile_within_memory(lowered, target, per_device_batch)
         seconds = time.perf_counter() - start
         lstm_schedule, lstm_cell, char_conv = schedule(model), cell(model), conv(model)
+        char_blocks = kernel_blocks(model) if char_conv == "pallas" else {}
     return CompiledStep(
         compiled.as_text(),
         memory_of(compiled),
@@ -141,13 +143,19 @@ def compile_train_step(
         seconds,
         lstm_cell,
         char_conv,
+        char_blocks,
     )
+
+
+def _traced_platform(target: Target) -> str:
+    return "gpu" if target.platform == "cuda" else "tpu"
 
 
 def compile_within_memory(lowered, target: Target, per_device_batch: int):
     """The lowered program compiled; DoesNotFit where the compiler says it needs more memory
     than the target has (XLA's TPU compiler does, with the bytes it needs; the GPU's compiles
-    and memory_analysis tells)."""
+    and memory_analysis tells), a UserError where a kernel needs more shared memory than the
+    GPU has (more rows or fewer do not change that)."""
     import jax
 
     try:
@@ -155,6 +163,13 @@ def compile_within_memory(lowered, target: Target, per_device_batch: int):
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
+        shared = re.search(r"Shared memory size limit exceeded: requested (\d+), available: (\d+)", str(e))
+        if shared:  # one kernel's, whatever the batch: no use searching for rows that fit
+            raise UserError(
+                f"the program does not compile for {target.name} at any batch: one of its kernels asks for "
+                f"{int(shared[1]):,} bytes of shared memory, and a block of the GPU has {int(shared[2]):,} "
+                "(--config.train.lstm_cell=xla and --config.train.char_conv=xla leave out our Pallas kernels)"
+            ) from None
         needed = re.search(r"required for HLO temporaries \(([\d.]+)G\)", str(e))
         needs_bytes = int(float(needed.group(1)) * 2**30) if needed else 0
         raise DoesNotFit(
@@ -249,7 +264,7 @@ def compile_embed(config: ml_collections.ConfigDict, target: Target, devices: in
     from elmo_jax.model.lstm import schedule, split_input_weights
 
     on = LocalDevices(devices, among=abstract_devices(target, devices))
-    with tracing_for("gpu" if target.platform == "cuda" else "tpu"):
+    with tracing_for(_traced_platform(target), on.mesh.devices.flat[0]):
         model = model_config(config)
         params = jax.eval_shape(lambda: init_params(jax.random.key(0), model, None))
         encoder, lstm = params["token_encoder"], params["lstm"]

@@ -48,6 +48,7 @@ def estimate(step: CompiledStep, target: Target) -> dict:
         "lstm_schedule": step.lstm_schedule,
         "lstm_cell": step.lstm_cell,
         "char_conv": step.char_conv,
+        "char_blocks": step.char_blocks,
         "compile_s": round(step.compile_s, 1),
         "kernels": {
             "per_step": sum(k.runs for k in kernels),
@@ -79,6 +80,17 @@ def estimate(step: CompiledStep, target: Target) -> dict:
     }
 
 
+def _char_cnn(result: dict) -> str:
+    """ ", Pallas char CNN" with its kernels' blocks, or ""."""
+    if result["char_conv"] != "pallas":
+        return ""
+    blocks = ", ".join(
+        f"{kernel.removeprefix('char_cnn_').replace('_', ' ')} {rows} x {columns}"
+        for kernel, (rows, columns) in result.get("char_blocks", {}).items()
+    )
+    return f", Pallas char CNN (words x filters a block: {blocks})" if blocks else ", Pallas char CNN"
+
+
 def describe(result: dict, target: Target) -> list[str]:
     """The lines printed above the JSON."""
     r, GB = result, 1e9
@@ -91,7 +103,7 @@ def describe(result: dict, target: Target) -> list[str]:
     lines = [
         f"{target.description} x {r['devices']}, {r['per_device_batch']} rows per device x {r['unroll_steps']} steps, "
         f"{r['lstm_schedule']} LSTM schedule{', Pallas LSTM cell' if r['lstm_cell'] == 'pallas' else ''}"
-        f"{', Pallas char CNN' if r['char_conv'] == 'pallas' else ''} "
+        f"{_char_cnn(r)} "
         f"(compiled in {r['compile_s']:.0f} s, without the device)",
         f"kernels per step: {k['per_step']:,} ({k['outside_loops']} outside loops; loop iterations x kernels: {loops})",
         f"device memory: arguments {m['argument'] / GB:.2f} GB, temporaries {m['temp'] / GB:.2f} GB, outputs "
