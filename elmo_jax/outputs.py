@@ -42,24 +42,46 @@ def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()
         raise UserError(
             f"output={target} already exists: overwrite=True replaces it, or choose another", ("output", "overwrite")
         )
-    if not target.parent.is_dir():
-        raise UserError(f"output={target}: the folder {target.parent} does not exist", ("output",))
+    folder = next(p for p in target.parents if p.exists())  # the nearest that exists (`replacing` makes the rest)
+    if not folder.is_dir():
+        raise UserError(f"output={target}: {folder} is a file, not a folder", ("output",))
     return target
 
 
 @contextlib.contextmanager
 def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Iterator[Path]:
     """Yields a temporary path beside `target` to write the whole output to (a file or a
-    folder); on success it replaces `target`, on any error it is removed."""
+    folder), in its folder, made if missing; on success it replaces `target`, on any error it is
+    removed (and the folders made for it)."""
     clear_leftovers(Path(target).absolute())
     target = check_output(target, overwrite, inputs)
+    made = make_folders(target.parent)
     tmp = _temporary(target, "tmp")
     _remove(tmp)  # a reused PID's
+    done = False
     try:
         yield tmp
         _move_into_place(tmp, target)
+        done = True
     finally:
         _remove(tmp)
+        if not done:
+            remove_empty(made)  # as they were: no empty folders left by a failed output
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """Makes `folder` and the folders above it that are missing (as `train` makes its workdir);
+    returns those it made, deepest first."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Removes each of `folders` (deepest first) that is empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -30,7 +30,7 @@ from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
-from elmo_jax.outputs import write_text
+from elmo_jax.outputs import make_folders, remove_empty, write_text
 from elmo_jax.text.batcher import round_up
 from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
@@ -81,14 +81,22 @@ class Workdir:
     def __str__(self) -> str:
         return str(self.path)
 
-    def create(self) -> None:
-        """The folder (and its parents) if it is not there; a file in the way is a UserError."""
+    def create(self) -> list[Path]:
+        """The folder (and its parents) if it is not there; a file in the way is a UserError.
+        Returns the folders it made (for `discard`)."""
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            return make_folders(self.path)
         except (FileExistsError, NotADirectoryError):
             raise UserError(f"the workdir {self.path} is (or is inside) a file, not a folder: choose another") from None
         except OSError as e:
             raise UserError(f"the workdir {self.path} cannot be created ({e.strerror}: {e.filename})") from None
+
+    def discard(self, made: list[Path]) -> None:
+        """Removes the folders `create` made where a run that failed to start left nothing in
+        them but its released lock."""
+        if made and self.path.is_dir() and [p.name for p in self.path.iterdir()] == [self.lock.name]:
+            self.lock.unlink()
+        remove_empty(made)
 
     def is_run(self) -> bool:
         """A training run's folder: config.json and checkpoints/."""
@@ -101,6 +109,12 @@ class Workdir:
     def saved_config(self) -> ml_collections.ConfigDict:
         """The run's saved config; fields it predates take base_config's defaults."""
         if not self.config_json.is_file():
+            if (self.path / "options.json").is_file():
+                raise UserError(
+                    f"{self.path} is a model folder (options.json: imported or exported), not a training workdir: "
+                    "it has no run config, checkpoint or softmax to score held-out text with (bilm-tf's weight files "
+                    "hold no softmax); embed reads it, and train can fine-tune from it (--config.train.init_from)"
+                )
             raise MissingFile(f"{self.path} is not a training workdir: {self.config_json} not found")
         saved = self.saved()
         config = base_config(saved["model"]).to_dict()

@@ -54,6 +54,24 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
     assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # replaced whole: nothing stale kept
 
 
+def test_an_output_in_missing_folders_makes_them_and_a_failed_one_leaves_none(tmp_path):
+    """As `train` makes its workdir: `export --output=exported/demo` needs no `mkdir` first."""
+    target = tmp_path / "exported" / "nested" / "demo"
+    with pytest.raises(RuntimeError, match="crash"):
+        with replacing(target) as tmp:
+            tmp.mkdir()
+            raise RuntimeError("crash")
+    assert list(tmp_path.iterdir()) == []  # the folders made for it went with it
+    with replacing(target) as tmp:
+        tmp.mkdir()
+        (tmp / "options.json").write_text("{}")
+    assert (target / "options.json").read_text() == "{}"
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(UserError, match="a_file is a file, not a folder"):
+        with replacing(tmp_path / "a_file" / "demo"):
+            pass
+
+
 @pytest.mark.launches
 def test_commands_refuse_to_overwrite_their_inputs_and_existing_outputs(tmp_path):
     corpus = tmp_path / "corpus.txt"

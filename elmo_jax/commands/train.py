@@ -21,7 +21,6 @@ def main(flags: FlagValues) -> None:
             f"--config={flags['config'].config_filename}: cannot be loaded ({reason}); "
             f"packaged experiments: {', '.join(sorted(packaged_experiments()))}"
         ) from None
-    print(flags.config)
     result = train(flags.config, flags.workdir)
     if result:
         print(strict_json.dumps(result))

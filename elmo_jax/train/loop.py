@@ -44,11 +44,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run)."""
     experiment.validate(config)
     workdir = Workdir(workdir)
-    workdir.create()
+    made = workdir.create()
     lock = RunLock(workdir) if jax.process_index() == 0 else None
     preemption = Preemption()
     try:
         return _train(config, workdir, preemption)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+            lock = None
+        workdir.discard(made)  # a start that failed leaves no workdir of its own behind
+        raise
     finally:
         preemption.close()
         if lock is not None:
@@ -156,6 +162,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
     model_config = experiment.model_config(config)
     workdir.check_resume(config, model_config)
     data = _open_data(config, workdir, parallel, model_config)
+    log.info("config (as run, also in %s):\n%s", workdir.config_json, config)
     heldout, vocab, hp, total_steps = data.heldout, data.vocab, data.hp, data.total_steps
     checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints, clean_up=True)
     state, start, shardings = _start_state(config, workdir, model_config, data, checkpoints, parallel)
