@@ -12,6 +12,9 @@ def main() -> None:
         # Exit at once: a SystemExit raised inside the import machinery's callbacks is ignored,
         # and the run went on.
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    from elmo_jax.platforms import cpu_unless_accelerated
+
+    cpu_unless_accelerated()
     from elmo_jax.cli import run
 
     run()

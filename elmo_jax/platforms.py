@@ -1,0 +1,24 @@
+"""The platforms a command lets JAX start: on a machine with no GPU or TPU attached, the CPU
+alone (`JAX_PLATFORMS=cpu`, unless the user chose), so that installed accelerator plugins (the
+`plan` extra's CUDA plugin and libtpu) do not probe for hardware that is not there and print
+screens of tracebacks (cuDNN not found, TPU worker hostnames) before every command."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+# Device files of attached accelerators: NVIDIA GPUs, AMD GPUs (ROCm), TPUs (/dev/accel*: v2-v4,
+# /dev/vfio/N: v5e and later).
+_ACCELERATORS = ("nvidiactl", "nvidia[0-9]*", "kfd", "accel[0-9]*", "vfio/[0-9]*")
+
+
+def accelerator_attached(dev: Path = Path("/dev")) -> bool:
+    return any(next(dev.glob(pattern), None) is not None for pattern in _ACCELERATORS)
+
+
+def cpu_unless_accelerated(environ: MutableMapping[str, str] = os.environ, dev: Path = Path("/dev")) -> None:
+    """Before JAX starts: JAX_PLATFORMS=cpu where it is unset and no accelerator is attached."""
+    if not environ.get("JAX_PLATFORMS") and not accelerator_attached(dev):
+        environ["JAX_PLATFORMS"] = "cpu"
