@@ -30,11 +30,11 @@ demo: $(VENV)/.installed-demo
 
 # 2 workers: a compile keeps one core busy and leaves the other idle.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal
 
 # The edit-test loop: no test that starts a process (tests/conftest.py), none marked slow.
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not launches and not slow"
+	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal -m "not launches and not slow"
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .

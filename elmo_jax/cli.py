@@ -13,6 +13,7 @@ unasked.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import sys
 import textwrap
@@ -152,7 +153,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _flag_error(error: Exception, args: list[str]) -> str:
-    """absl's message, or for an unknown --config.x override the list of valid keys."""
+    """absl's message, or for an unknown --config.x override the nearest valid key."""
     message = str(error) if isinstance(error, flags.Error) else f"{type(error).__name__}: {error}"
     bad = [a.split("=")[0].lstrip("-") for a in args if a.startswith("--config.")]
     config_path = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
@@ -160,8 +161,27 @@ def _flag_error(error: Exception, args: list[str]) -> str:
         valid = _config_keys(_load_experiment(config_path))
         unknown = [b for b in bad if b not in valid]
         if unknown:
-            return f"unknown config key(s) {', '.join(unknown)}. Valid keys:\n  " + "\n  ".join(valid)
+            guesses = [(key, _nearest_key(key, valid)) for key in unknown]
+            return (
+                "; ".join(
+                    f"--{key}: unknown config key" + (f", did you mean --{near}?" if near else "")
+                    for key, near in guesses
+                )
+                + f" (every key: {prog()} train --help)"
+            )
     return message
+
+
+def _nearest_key(key: str, valid: list[str]) -> str | None:
+    """The valid key `key` was most likely meant to be: a near spelling of its last part in the
+    same section, else a near spelling of the whole."""
+    section, _, name = key.rpartition(".")
+    siblings = {v.rpartition(".")[2]: v for v in valid if v.rpartition(".")[0] == section}
+    near = difflib.get_close_matches(name, siblings, n=1)
+    if near:
+        return siblings[near[0]]
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.85)
+    return near[0] if near else None
 
 
 def main(argv: list[str]) -> None:

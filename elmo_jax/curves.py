@@ -37,8 +37,8 @@ def read_metrics(path: Path) -> dict[str, list[dict]]:
 
 
 def plot_curves(workdir: str | Path, output: str | Path | None = None, overwrite: bool = True) -> Path:
-    """Draws the run's curves into `output` (default WORKDIR/training_curves.png, replaced);
-    returns its path."""
+    """Draws the run's curves into `output` (default WORKDIR/training_curves.png), replacing it
+    only where `overwrite`; returns its path."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import FuncFormatter

@@ -97,6 +97,7 @@ def train_settings(config: ml_collections.ConfigDict, vocab_size: int) -> TrainS
     if t.sample_softmax and vocab_size <= t.n_negative_samples_batch:
         raise UserError(
             f"config.train.n_negative_samples_batch={t.n_negative_samples_batch} must be smaller "
-            f"than the vocabulary ({vocab_size} words)"
+            f"than the vocabulary ({vocab_size} words): for a vocabulary this small, "
+            f"--config.train.sample_softmax=false (the full softmax), or fewer samples"
         )
     return TrainSettings.of(t, vocab_size)

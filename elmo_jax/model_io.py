@@ -16,6 +16,7 @@ functions that close over them can be jitted.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
 from elmo_jax.outputs import replacing
-from elmo_jax.published import fetch, is_published
+from elmo_jax.published import PUBLISHED, fetch, is_published
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.workdir import Workdir
 
@@ -62,7 +63,11 @@ def load_model(
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file: give a workdir or model folder, or an options.json and a weights.hdf5")
     if not path.is_dir():
-        raise MissingFile(f"model folder not found: {path}")
+        near = difflib.get_close_matches(str(path), PUBLISHED, n=1)
+        raise MissingFile(
+            f"model folder not found: {path}, nor is it a published model ({', '.join(PUBLISHED)})"
+            + (f": did you mean {near[0]}?" if near else "")
+        )
     vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
     if (path / "options.json").is_file() and (path / "params").is_dir():
         config = ModelConfig.load(path / "options.json")

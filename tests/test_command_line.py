@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli import ROOT, assert_one_line_error, run_cli, strict_json
+from cli import ROOT, assert_one_line_error, launch_args, run_cli, strict_json
 from test_training_run import TINY_FLAGS
 
 from elmo_jax import settings
@@ -54,6 +54,14 @@ def test_help_lists_the_commands_and_every_flag_of_each():
         (["eval", "--workdir=w", "--config.train.seed=1"], ["--config.train.seed is not a flag of eval"]),
         (["embed", "--input=i", "--output=o", "--nostateful", "--config=demo"], ["--config is not a flag of embed"]),
         (["train", "--config=nosuch", "--workdir=w"], ["--config=nosuch: not a packaged experiment", "demo"]),
+        (
+            ["train", "--config=demo", "--workdir=w", "--config.train.learning_rat=1"],
+            ["--config.train.learning_rat: unknown config key, did you mean --config.train.learning_rate?"],
+        ),
+        (
+            ["embed", "--model=smal", "--input=README.md", "--output=nowhere/out.h5"],
+            ["model folder not found: smal", "(small, medium, original, original_5.5b): did you mean small?"],
+        ),
         (["plot", "--workdir=w", "--nosuchflag=1"], ["Unknown command line flag 'nosuchflag'"]),
         (["plot", "--workdir=w", "extra"], ["unexpected arguments extra", "usage: launch.py plot"]),
         (["plan", "--config=demo", "--target=v5e", "--devices=3"], ["--devices=3: v5e slices here have [1, 4, 8]"]),
@@ -102,6 +110,10 @@ def test_installed_command_trains_a_packaged_experiment_from_any_folder(tmp_path
     _run([sys.executable, "-m", "elmo_jax", "plot", f"--workdir={workdir}", f"--output={picture}"], cwd=tmp_path)
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_one_line_error(run_cli(["plot", f"--workdir={workdir}", f"--output={picture}"]), 2, "already exists")
+    drawn = (workdir / "training_curves.png").read_bytes()  # the default output, drawn by training, is no exception
+    assert_one_line_error(run_cli(["plot", f"--workdir={workdir}"]), 2, "training_curves.png already exists")
+    assert (workdir / "training_curves.png").read_bytes() == drawn
+    assert run_cli(["plot", f"--workdir={workdir}", "--overwrite"]).returncode == 0
 
 
 @pytest.mark.launches
@@ -150,3 +162,65 @@ def test_a_finished_command_exits_0_with_its_output_and_exit_handlers(tmp_path, 
     done = subprocess.run([sys.executable, "-c", EXITING, str(out), thread], capture_output=True, text=True, cwd=ROOT)
     assert (done.returncode, done.stdout) == (0, "a line without its end"), done.stderr[-2000:]
     assert (out.with_suffix(".atexit")).exists() and (out.with_suffix(".thread")).exists() == (thread == "thread")
+
+
+def test_jax_is_kept_to_the_cpu_only_where_no_accelerator_is_attached(tmp_path):
+    from elmo_jax.platforms import cpu_unless_accelerated
+
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    (dev / "vfio" / "vfio").touch()  # the VFIO control file alone: no TPU
+    environ = {}
+    cpu_unless_accelerated(environ, dev)
+    assert environ == {"JAX_PLATFORMS": "cpu"}
+    environ = {"JAX_PLATFORMS": "cuda"}  # the user's choice stands
+    cpu_unless_accelerated(environ, dev)
+    assert environ == {"JAX_PLATFORMS": "cuda"}
+    for attached in ("nvidia0", "accel0", "vfio/0", "kfd"):
+        (dev / attached).touch()
+        environ = {}
+        cpu_unless_accelerated(environ, dev)
+        assert environ == {}, attached
+        (dev / attached).unlink()
+
+
+@pytest.mark.launches
+def test_a_command_without_accelerators_is_quiet_whatever_plugins_are_installed(tmp_path, fixtures_dir):
+    """The plan extra installs JAX's CUDA plugin and libtpu; on a machine with neither a GPU nor
+    a TPU they must not probe for one and print their tracebacks (cuDNN, TPU worker hostnames)
+    around every command's output. JAX_PLATFORMS is unset here, as a user's shell has it."""
+    import importlib.util
+
+    from elmo_jax.platforms import accelerator_attached
+
+    if accelerator_attached():
+        pytest.skip("an accelerator is attached: its plugin is meant to start")
+    if not [name for name in ("jax_cuda12_plugin", "libtpu") if importlib.util.find_spec(name)]:
+        pytest.skip("no accelerator plugin installed (the plan extra): nothing to keep quiet")
+    (tmp_path / "in.txt").write_text("The river bank .\n")
+    model = fixtures_dir / "elmo"
+    args = ["embed", f"--options={model / 'options.json'}", f"--weights={model / 'lm_weights.hdf5'}"]
+    args += [f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.h5'}"]
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
+    result = subprocess.run(launch_args(*args), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    for noise in ("cuDNN", "CUDA", "TPU", "Traceback", "plugin"):
+        assert noise not in result.stderr + result.stdout, result.stderr + result.stdout
+
+
+@pytest.mark.launches
+def test_a_start_that_fails_is_one_line_and_leaves_no_workdir(tmp_path):
+    """Neither the config (printed once the run starts) nor a workdir holding only train.lock."""
+    for override, fragment in [
+        ("--config.data.train=text:/nonexistent/train-*.txt", "no file matches /nonexistent/train-*.txt"),
+        ("--config.train.dropout=1.5", "config.train.dropout=1.5: must be in [0, 1)"),
+    ]:
+        workdir = tmp_path / "runs" / "demo"
+        assert_one_line_error(run_cli(["train", "--config=demo", f"--workdir={workdir}", override]), 2, fragment)
+        assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.launches
+def test_eval_of_a_model_folder_says_it_has_no_softmax_to_score(fixtures_dir):
+    result = run_cli(["eval", f"--workdir={fixtures_dir / 'elmo'}"])
+    assert_one_line_error(result, 2, "is a model folder", "no run config, checkpoint or softmax", "init_from")

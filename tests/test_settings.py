@@ -112,9 +112,11 @@ def test_the_command_line_spells_the_arguments_of_a_library_error_as_its_flags()
     assert as_flags(UserError("shard_index=3")) == "shard_index=3"  # no arguments named: as written
 
 
-def test_negatives_must_be_fewer_than_the_vocabulary(tmp_path, text_data):
+def test_negatives_must_be_fewer_than_the_vocabulary_and_the_error_says_the_fix(tmp_path, text_data):
     with pytest.raises(
-        UserError, match=r"n_negative_samples_batch=100000 must be smaller than the vocabulary \(\d+ words\)"
+        UserError,
+        match=r"n_negative_samples_batch=100000 must be smaller than the vocabulary \(\d+ words\): .*"
+        r"--config.train.sample_softmax=false",
     ):
         train(tiny_config(text_data, n_negative_samples_batch=100_000, max_steps=2), tmp_path)
 

@@ -14,9 +14,7 @@ log = logging.getLogger("elmo_jax")
 def main(flags: FlagValues) -> None:
     from elmo_jax.curves import plot_curves
 
-    # The default output is the run folder's own picture, redrawn each time.
-    overwrite = flags.overwrite or flags.output is None
-    log.info("training curves: %s", plot_curves(flags.workdir, flags.output, overwrite))
+    log.info("training curves: %s", plot_curves(flags.workdir, flags.output, flags.overwrite))
 
 
 COMMAND = Command(
