@@ -204,13 +204,18 @@ def _check_char_filter_gradients(kernels: bool):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype):
+@pytest.mark.parametrize("block", [(64, 128), (16, 32)])
+def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, block, monkeypatch):
     """Our char CNN kernels (`char_kernels`, interpreted here) against XLA's path of the same
     function: 200 words over 4 blocks of rows (padded from 200 to 256, 4 partial sums of the filter
     gradient), 200 filters over 2 blocks of columns (padded to 256), 37 positions (two words of
     bits), small integers so that the products are exact and tie. The same max; the same gradients
-    (so the same ties) but for the order of their sums and, in bfloat16, XLA's rounding on CPU."""
+    (so the same ties) but for the order of their sums and, in bfloat16, XLA's rounding on CPU.
+    In the largest block and in the smallest a GPU may choose (`char_kernels.chosen_block`)."""
+    from elmo_jax.model import char_kernels
     from elmo_jax.model.token_encoder import _conv_max
+
+    monkeypatch.setattr(char_kernels, "BLOCKS", (block,))  # what chosen_block takes off a GPU
 
     rng = np.random.default_rng(1)
     N, C, D = 200, 40, 16
