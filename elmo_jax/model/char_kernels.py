@@ -27,6 +27,7 @@ largest of BLOCKS down, and keeps the first that the compiler accepts.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 
@@ -36,7 +37,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from elmo_jax.errors import UserError
-from elmo_jax.model.backend import backend, device
+from elmo_jax.model.backend import backend, device, tracing_for
 from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY, like, refuse_where_unable
 
 ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
@@ -274,31 +275,43 @@ def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> s
     for (its first line: a resource exhausted), or None where it compiles. Compiled alone over
     one block of words, once per device kind and matmul precision (float32 products as TF32 or
     not stage different operands)."""
-    on = device()
-    key = (kernel, block, W, K, F, dtype, on.platform, on.device_kind, jax.config.jax_default_matmul_precision)
+    on, precision = device(), jax.config.jax_default_matmul_precision
+    key = (kernel, block, W, K, F, dtype, on.platform, on.device_kind, precision)
     if key not in _REFUSALS:
-        mesh = jax.sharding.Mesh(np.array([on]), ("block",))
-        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-        def operand(shape, dtype_):
-            return jax.ShapeDtypeStruct(shape, dtype_, sharding=sharding)
-
-        windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
-        words = operand((-(-W // 32), ROWS, F), jnp.uint32)
-        calls = {
-            MAX: (lambda *a: max_and_ties(*a, dtype, block), (windows, bank, operand((F,), jnp.int32))),
-            WINDOWS: (lambda *a: window_gradients(*a, W, dtype, block), (share, words, bank)),
-            FILTERS: (lambda *a: filter_gradients(*a, dtype, block), (windows, share, words)),
-        }
-        call, operands = calls[kernel]
-        call.__name__ = kernel  # in the compile log
-        try:
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                lowered = jax.jit(call).lower(*operands)
-            lowered.compile()
-            _REFUSALS[key] = None
-        except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            _REFUSALS[key] = str(e).splitlines()[0]
+        # In a thread of its own: none of the asking trace's contexts (its mesh, which a program
+        # of one device may not take the place of) but those named here.
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            _REFUSALS[key] = thread.submit(_compile_alone, kernel, block, W, K, F, dtype, on, precision).result()
     return _REFUSALS[key]
+
+
+def _compile_alone(kernel: str, block: Block, W: int, K: int, F: int, dtype: str, on, precision) -> str | None:
+    """`_refusal`'s answer: the kernel compiled for `on` over one block of words."""
+    mesh = jax.sharding.Mesh(np.array([on]), ("block",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def operand(shape, dtype_):
+        return jax.ShapeDtypeStruct(shape, dtype_, sharding=sharding)
+
+    windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
+    words = operand((-(-W // 32), ROWS, F), jnp.uint32)
+    calls = {
+        MAX: (lambda *a: max_and_ties(*a, dtype, block), (windows, bank, operand((F,), jnp.int32))),
+        WINDOWS: (lambda *a: window_gradients(*a, W, dtype, block), (share, words, bank)),
+        FILTERS: (lambda *a: filter_gradients(*a, dtype, block), (windows, share, words)),
+    }
+    call, operands = calls[kernel]
+    call.__name__ = kernel  # in the compile log
+    try:
+        with (
+            tracing_for("gpu", on),
+            jax.default_matmul_precision(precision),
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+        ):
+            lowered = jax.jit(call).lower(*operands)
+        lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return str(e).splitlines()[0]
+    return None
