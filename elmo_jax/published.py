@@ -11,8 +11,8 @@ checked whenever the model is loaded (a damaged file is named and downloaded aga
 
 A download goes to `.NAME.part` and is renamed into place when complete; a cut connection, or a
 part left by a killed process, is resumed where it stopped (an HTTP range request). With
-`ELMO_JAX_OFFLINE=1` only the cache is read. Files put into a model's folder by hand (a machine
-without a network) are used as they are and recorded.
+`ELMO_JAX_OFFLINE` on (1, true, yes, on: `elmo_jax.switches`) only the cache is read. Files put
+into a model's folder by hand (a machine without a network) are used as they are and recorded.
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import h5py
+
+from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
 from elmo_jax.progress import ProgressBar
+from elmo_jax.switches import switch
 
 # AllenNLP's host of the original models (allennlp.org/elmo): the one place their URLs are kept.
 PUBLISHED_URL = "https://allennlp.s3.amazonaws.com/models/elmo"
@@ -41,10 +45,15 @@ PUBLISHED = {
     "original_5.5b": "2x4096_512_2048cnn_2xhighway_5.5B",
 }
 OPTIONS_SUFFIX, WEIGHTS_SUFFIX = "_options.json", "_weights.hdf5"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # an HDF5 file's first 8 bytes (its superblock at offset 0)
 RECORD = "downloads.json"
 TIMEOUT_S = 60  # per connection attempt and per read
 ATTEMPTS = 3  # a cut download is resumed this many times before giving up
 log = logging.getLogger(__name__)
+
+
+class NotWhatItClaims(Exception):
+    """A downloaded file that is not what its name says (a web page for an HDF5 file)."""
 
 
 class DownloadFailed(UserError):
@@ -89,36 +98,88 @@ def cache_folder(options_url: str) -> Path:
 
 def fetch(source: str) -> Path:
     """The cache folder of a published model (a name or an options URL), its two files
-    downloaded if missing or damaged, checked against their recorded size and SHA-256."""
+    downloaded if missing or damaged, checked against their recorded size and SHA-256 and
+    against what they claim to be (`_unlike`)."""
     urls = model_urls(source)
     folder = cache_folder(urls[0])
+    offline = switch("ELMO_JAX_OFFLINE")
+    if offline and not folder.is_dir():  # nothing to read, and no empty folder to leave behind
+        raise _offline(source, urls, folder, urls[0])
     folder.mkdir(parents=True, exist_ok=True)
-    offline = os.environ.get("ELMO_JAX_OFFLINE") == "1"
     with _locked(folder / ".lock"):  # one download per folder at a time, across processes
         records = _read_records(folder)
         for url in urls:
             target = folder / url.rsplit("/", 1)[-1]
             record = records.get(target.name)
-            if target.is_file() and record is None:
+            problem = _problem(target, record) if target.is_file() else None
+            if problem and record is None:
+                raise DownloadFailed(f"{target}, put in the cache by hand, is {problem}: replace it with {url}")
+            if problem:
+                if offline:
+                    raise DownloadFailed(
+                        f"{target} is {problem}, and ELMO_JAX_OFFLINE forbids downloading it again from {url}: "
+                        "delete it and download, or put a good copy there"
+                    )
+                log.warning("%s is %s: downloading it again", target, problem)
+                target.unlink()
+            elif target.is_file() and record is None:
                 log.info("%s: put in the cache by hand; recording its size and SHA-256", target)
                 records[target.name] = {"url": None, **_size_and_sha256(target)}
-            elif target.is_file() and _size_and_sha256(target) != {k: record[k] for k in ("size", "sha256")}:
-                if offline:
-                    raise DownloadFailed(
-                        f"{target} does not match its recorded size and SHA-256 (damaged), and ELMO_JAX_OFFLINE=1 "
-                        f"forbids downloading it again from {url}: delete it and download, or put a good copy there"
-                    )
-                log.warning("%s does not match its recorded size and SHA-256 (damaged): downloading it again", target)
-                target.unlink()
             if not target.is_file():
                 if offline:
-                    raise DownloadFailed(
-                        f"ELMO_JAX_OFFLINE=1 and {source} is not in the cache: put {urls[0].rsplit('/', 1)[-1]} and "
-                        f"{urls[1].rsplit('/', 1)[-1]} in {folder} by hand, or unset ELMO_JAX_OFFLINE to download {url}"
-                    )
+                    raise _offline(source, urls, folder, url)
                 records[target.name] = _download(url, target, urls)
             _write_records(folder, records)
     return folder
+
+
+def _problem(path: Path, record: dict | None) -> str | None:
+    """What is wrong with a file of the cache, or None: not its recorded size and SHA-256 (where
+    recorded), or not what its name says it is (a cache written before that was checked may
+    hold a web page as a model file)."""
+    if record is not None and _size_and_sha256(path) != {k: record[k] for k in ("size", "sha256")}:
+        return "not its recorded size and SHA-256 (damaged)"
+    return _unlike(path)
+
+
+def _unlike(path: Path, name: str | None = None) -> str | None:
+    """What a file is instead of what its name (or `name`, where it is a part) says: an HDF5
+    file of weights that opens, or an options JSON that describes a model; None where it is."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if (name or path.name).endswith(OPTIONS_SUFFIX):
+        try:
+            ModelConfig.from_options(json.loads(path.read_text(encoding="utf-8")), source=path.name)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return f"not JSON but {_looks_like(head)}"
+        except UserError as e:
+            return f"JSON but not a model's options ({e})"
+        return None
+    if not head.startswith(HDF5_SIGNATURE):
+        return f"not an HDF5 file but {_looks_like(head)}"
+    try:
+        with h5py.File(path, "r"):
+            return None
+    except OSError as e:
+        return f"an HDF5 file that does not open ({e})"
+
+
+def _looks_like(head: bytes) -> str:
+    """What the first bytes of a file look like, in words."""
+    text = head.lstrip().lower()
+    if text.startswith((b"<!doctype html", b"<html")) or b"<html" in text:
+        return "a web page (a login page, a captive portal or a proxy's error?)"
+    if text.startswith((b"{", b"[")):
+        return "a JSON document (a server's error?)"
+    return f"{len(head)}+ bytes beginning {head[:16]!r}"
+
+
+def _offline(source: str, urls: tuple[str, str], folder: Path, url: str) -> DownloadFailed:
+    return DownloadFailed(
+        f"ELMO_JAX_OFFLINE={os.environ['ELMO_JAX_OFFLINE']} and {source} is not in the cache: put "
+        f"{urls[0].rsplit('/', 1)[-1]} and {urls[1].rsplit('/', 1)[-1]} in {folder} by hand, or unset "
+        f"ELMO_JAX_OFFLINE to download {url}"
+    )
 
 
 def _download(url: str, target: Path, urls: tuple[str, str]) -> dict:
@@ -129,6 +190,8 @@ def _download(url: str, target: Path, urls: tuple[str, str]) -> dict:
             return _download_once(url, target, part)
         except urllib.error.HTTPError as e:
             raise _failed(url, target.parent, urls, f"HTTP {e.code} {e.reason}") from None
+        except NotWhatItClaims as e:
+            raise _failed(url, target.parent, urls, str(e)) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
             reason = getattr(e, "reason", None) or e
             if attempt == ATTEMPTS or not part.is_file():
@@ -168,6 +231,10 @@ def _download_once(url: str, target: Path, part: Path) -> dict:
                 bar.update(done)
     if total is not None and done != total:
         raise http.client.IncompleteRead(b"", total - done)
+    problem = _unlike(part, target.name)
+    if problem:
+        part.unlink()
+        raise NotWhatItClaims(f"the server sent {problem}")
     os.replace(part, target)
     seconds = max(time.monotonic() - began, 1e-9)
     log.info(

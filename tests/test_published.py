@@ -141,12 +141,49 @@ def test_a_missing_file_is_a_404_naming_the_url_and_the_folder(mirror):
     assert "elmo_x_weights.hdf5" in message
 
 
-def test_offline_uses_the_cache_only(mirror, monkeypatch):
+PORTAL = b"<!DOCTYPE html><html><body>Sign in to the hotel's Wi-Fi</body></html>"
+
+
+@pytest.mark.parametrize("served", ["options", "weights"])
+def test_a_web_page_served_for_a_model_file_never_enters_the_cache(mirror, served):
+    """A captive portal or login wall answers 200 with HTML: the download is refused naming the
+    URL and what came, nothing is cached, and once the server serves the file the next run
+    downloads it (the cache was not poisoned)."""
+    path = f"/models/{SMALL}/{OPTIONS if served == 'options' else WEIGHTS}"
+    real, mirror.files[path] = mirror.files[path], PORTAL
+    with pytest.raises(DownloadFailed) as error:
+        load_model("small")
+    message = str(error.value)
+    assert f"cannot download {mirror.url}{path.removeprefix('/models')}" in message and "a web page" in message
+    assert not [p for p in _folder().iterdir() if p.name.endswith((path.rsplit("/", 1)[-1], ".part"))]
+    mirror.files[path] = real
+    assert load_model("small").config.lstm.n_layers == 2
+
+
+def test_a_cache_holding_a_web_page_is_downloaded_again(mirror, monkeypatch):
+    """A cache written before downloads were checked may hold a web page as the weights, recorded
+    as good: it is named and fetched again, or refused offline naming the file."""
+    fetch("small")
+    weights, records = _folder() / WEIGHTS, json.loads((_folder() / "downloads.json").read_text())
+    weights.write_bytes(PORTAL)
+    records[WEIGHTS] |= {"size": len(PORTAL), "sha256": hashlib.sha256(PORTAL).hexdigest()}
+    (_folder() / "downloads.json").write_text(json.dumps(records))
     monkeypatch.setenv("ELMO_JAX_OFFLINE", "1")
-    with pytest.raises(DownloadFailed, match="ELMO_JAX_OFFLINE=1") as error:
+    with pytest.raises(DownloadFailed, match=f"{WEIGHTS} is not an HDF5 file but a web page"):
+        load_model("small")
+    monkeypatch.delenv("ELMO_JAX_OFFLINE")
+    assert load_model("small").config.lstm.n_layers == 2
+    assert weights.read_bytes() == mirror.files[f"/models/{SMALL}/{WEIGHTS}"]
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", "On"])
+def test_offline_uses_the_cache_only(mirror, monkeypatch, value):
+    monkeypatch.setenv("ELMO_JAX_OFFLINE", value)
+    with pytest.raises(DownloadFailed, match=f"ELMO_JAX_OFFLINE={value}") as error:
         load_model("small")
     assert str(_folder()) in str(error.value) and OPTIONS in str(error.value)
     assert mirror.requests == []
+    assert not _folder().parent.exists()  # no empty folder holding a .lock
     monkeypatch.delenv("ELMO_JAX_OFFLINE")
     fetch("small")
     monkeypatch.setenv("ELMO_JAX_OFFLINE", "1")
@@ -166,6 +203,13 @@ def test_files_put_in_the_cache_by_hand_load_without_a_network(mirror, fixtures_
     (_folder() / WEIGHTS).write_bytes((fixtures_dir / "elmo" / "lm_weights.hdf5").read_bytes())
     assert load_model("small").config.lstm.n_layers == 2
     assert json.loads((_folder() / "downloads.json").read_text())[WEIGHTS]["url"] is None
+
+
+def test_an_offline_switch_it_cannot_read_is_refused(mirror, monkeypatch):
+    monkeypatch.setenv("ELMO_JAX_OFFLINE", "sometimes")
+    with pytest.raises(UserError, match="ELMO_JAX_OFFLINE='sometimes': one of 1, true, yes, on"):
+        load_model("small")
+    assert mirror.requests == []
 
 
 def test_a_url_that_is_not_an_options_file_is_refused(mirror):
