@@ -262,6 +262,18 @@ class Checkpoints:
             self.manager.reload()
         raise RuntimeError(f"the checkpoint of step {step} did not land in {self.directory}")
 
+    def param_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
+        """The shapes of `step`'s params by path ("token_encoder/proj/W"), from the checkpoint's
+        metadata: no array is read."""
+        try:
+            metadata = ocp.PyTreeCheckpointer().metadata(self.directory / str(step) / "state")
+            tree = getattr(metadata, "item_metadata", metadata)  # a StepMetadata in newer Orbax
+            params = getattr(tree, "tree", tree)["params"]
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
+        flat = jax.tree_util.tree_flatten_with_path(params)[0]
+        return {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in flat}
+
     def restore_params(self, step: int, abstract_params: Params) -> Params:
         """Only the params of `step`'s state, shaped and placed like `abstract_params`: the
         optimizer state and the rest are not read."""

@@ -151,7 +151,7 @@ class ModelConfig:
 
     def differences(self, other: ModelConfig) -> list[str]:
         """Names of the options fields (`lstm.dim`, ...) whose values differ from `other`."""
-        return _dict_differences(self.to_options(), other.to_options())
+        return dict_differences(self.to_options(), other.to_options())
 
 
 def read_json(path: str | Path, what: str = "file", hint: str = "") -> Any:
@@ -215,13 +215,14 @@ def _n_characters(value: Any, source: str) -> int:
     return N_CHARACTERS
 
 
-def _dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+def dict_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """ "key.path: a's value != b's" for each leaf where the nested dicts differ."""
     out = []
     for key in sorted(set(a) | set(b)):
         name = f"{prefix}{key}"
         va, vb = a.get(key), b.get(key)
         if isinstance(va, dict) and isinstance(vb, dict):
-            out += _dict_differences(va, vb, name + ".")
+            out += dict_differences(va, vb, name + ".")
         elif va != vb:
             out.append(f"{name}: {va!r} != {vb!r}")
     return out

@@ -24,7 +24,7 @@ import jax
 import ml_collections
 
 from elmo_jax import strict_json
-from elmo_jax.config import ModelConfig, read_json
+from elmo_jax.config import ModelConfig, dict_differences, read_json
 from elmo_jax.environment import environment
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
@@ -187,6 +187,29 @@ class Workdir:
                 + ". Use another workdir, or the saved config."
             )
 
+    def check_checkpoint(self, shapes: dict[str, tuple[int, ...]], step: int, model: ModelConfig) -> None:
+        """Fails, naming each field with both values, where the model of config.json (`model`)
+        is not the one whose params (`shapes`, by path, as `Checkpoints.param_shapes` reads
+        them) the checkpoint of `step` holds: before Orbax is asked to restore them."""
+        expected = jax.eval_shape(lambda: init_params(jax.random.key(0), model, None))
+        flat = jax.tree_util.tree_flatten_with_path(expected)[0]
+        wanted = {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in flat}
+        if all(shapes.get(path) == shape for path, shape in wanted.items()):
+            return
+        diffs = dict_differences(model.to_options(), _options_of(shapes, model.to_options()))
+        diffs = (
+            diffs
+            or [  # a difference no field of the options explains: the first params that differ
+                f"{path}: {shape} != {shapes.get(path, 'absent')}"
+                for path, shape in wanted.items()
+                if shapes.get(path) != shape
+            ][:3]
+        )
+        raise UserError(
+            f"{self.config_json} does not describe the model of its checkpoint of step {step} (config.json vs "
+            f"the checkpoint): {'; '.join(diffs)}. Restore config.json, or use another workdir"
+        )
+
     def check_vocab(self, table_rows: int, config: ml_collections.ConfigDict, vocab: Vocabulary) -> None:
         """Fails, naming both sizes, when the vocabulary does not fit a checkpoint's softmax of
         `table_rows` rows."""
@@ -209,6 +232,7 @@ class Workdir:
             step = checkpoints.good_step()
             if step is None:
                 raise MissingFile(f"no intact checkpoint in {self.checkpoints}")
+            self.check_checkpoint(checkpoints.param_shapes(step), step, run_model)
             rows = checkpoints.softmax_table_rows(step)
             self.check_vocab(rows, config, vocab)
             device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -220,6 +244,29 @@ class Workdir:
         # A table sharded by rows was padded to a multiple of the devices.
         params["softmax"] = jax.tree.map(lambda x: x[: len(vocab)], params["softmax"])
         return RunParams(config, run_model, vocab, params, step)
+
+
+def _options_of(shapes: dict[str, tuple[int, ...]], options: dict) -> dict:
+    """`options` (options.json's model part) with the sizes that params of these `shapes` (by
+    path) have: the char embedding, the filters, the highway and LSTM layers, the cell and the
+    projection."""
+
+    def layers(prefix: str) -> set[str]:  # the names right below prefix: layer_0, layer_1, ...
+        return {path[len(prefix) :].split("/")[0] for path in shapes if path.startswith(prefix)}
+
+    cnn, lstm = dict(options["char_cnn"]), dict(options["lstm"])
+    if "token_encoder/char_embed" in shapes:
+        cnn["embedding"] = {"dim": shapes["token_encoder/char_embed"][1]}
+    filters = sorted((int(p.split("/")[2].split("_")[1]), shape) for p, shape in shapes.items() if p.endswith("/W")
+                     and p.startswith("token_encoder/cnn/"))  # fmt: skip
+    cnn["filters"] = [[shape[0], shape[2]] for _, shape in filters]
+    cnn["n_highway"] = len(layers("token_encoder/highway/"))
+    lstm["n_layers"] = len(layers("lstm/"))
+    if "token_encoder/proj/W" in shapes:
+        lstm["projection_dim"] = shapes["token_encoder/proj/W"][1]
+    if "lstm/layer_0/W_P_0" in shapes:
+        lstm["dim"] = shapes["lstm/layer_0/W_P_0"][1]
+    return {**options, "lstm": lstm, "char_cnn": cnn}
 
 
 def _get(config_dict: dict, dotted: str, missing=None):

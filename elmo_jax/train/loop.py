@@ -147,6 +147,7 @@ def _start_state(
     start = checkpoints.good_step(quarantine=True)
     if start is None:
         return _fresh_state(config, model_config, data.hp, data.vocab, batch_size, table_rows, shardings), 0, shardings
+    workdir.check_checkpoint(checkpoints.param_shapes(start), start, model_config)
     workdir.check_vocab(checkpoints.softmax_table_rows(start), config, data.vocab)
     state, data_state = checkpoints.restore(start, abstract, parallel.rows, data.batcher.positions_shape)
     data.batcher.restore(data_state)

@@ -15,6 +15,7 @@ import jax
 from elmo_jax import strict_json
 from elmo_jax.compile_time import CompileClock
 from elmo_jax.progress import format_duration
+from elmo_jax.torn_records import cut_torn_lines, cut_torn_records
 from elmo_jax.train.evaluate import safe_exp
 from elmo_jax.workdir import Workdir
 
@@ -29,6 +30,9 @@ class MetricWriter:
         if self.is_writer:
             from tensorboardX import SummaryWriter
 
+            cut_torn_lines(workdir.metrics_jsonl)  # a crash's half-written record is not written onto
+            for events in sorted(workdir.tensorboard.glob("events.out.tfevents.*")):
+                cut_torn_records(events)
             self.jsonl = open(workdir.metrics_jsonl, "a")
             self.tensorboard = SummaryWriter(str(workdir.tensorboard))
 
