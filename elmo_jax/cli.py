@@ -186,7 +186,7 @@ def _nearest_key(key: str, valid: list[str]) -> str | None:
 
 def main(argv: list[str]) -> None:
     command = argv[1]
-    run_command(command, COMMANDS[command].run, FLAGS)
+    run_command(command, COMMANDS[command].run, FLAGS, COMMANDS[command].handles_signals)
 
 
 def run() -> None:

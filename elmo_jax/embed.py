@@ -432,6 +432,16 @@ def check_shard(shard_index: int, num_shards: int) -> None:
         )
 
 
+def check_input(path: str | Path) -> Path:
+    """The input text file, refused where it is a folder or missing (errors name `input`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"input={path} is a folder: give a text file, one sentence a line", ("input",))
+    if not path.is_file():
+        raise MissingFile(f"input={path}: file not found", ("input",))
+    return path
+
+
 def embed_file(
     model: Model,
     input_path: str | Path,
@@ -463,9 +473,7 @@ def embed_file(
         if value < 1:
             raise UserError(f"{name}={value}: must be a positive integer", (name,))
     check_shard(*shard)
-    input_path = Path(input_path)
-    if not input_path.is_file():
-        raise MissingFile(f"input file not found: {input_path}")
+    input_path = check_input(input_path)
     with replacing(output_path, overwrite, (input_path,)) as tmp:
         embedder = Embedder(model, batch_size, stateful, max_tokens, devices)
         return _embed_lines(embedder, input_path, tmp, layers, chunk_sentences, max_sentence_tokens, shard)

@@ -129,7 +129,7 @@ def _load_workdir(workdir: Workdir) -> Model:
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
     """A params-only Orbax checkpoint with its options.json (and vocab.txt if any), built
     beside `out` and renamed into place (see elmo_jax.outputs)."""
-    with replacing(out, overwrite, inputs) as folder:
+    with replacing(out, overwrite, inputs, folder=True) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json")
         softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
@@ -146,7 +146,7 @@ def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs
 def export_model(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
     """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any; the
     folder is built beside `out` and renamed into place (see elmo_jax.outputs)."""
-    with replacing(out, overwrite, inputs) as folder:
+    with replacing(out, overwrite, inputs, folder=True) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json", model.options)
         save_weights(folder / "weights.hdf5", model.params, model.config)

@@ -30,9 +30,10 @@ def _contains(outer: Path, inner: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Path:
-    """The target as an absolute path, after refusing an input as output and, unless
-    `overwrite`, an existing target (errors name it `output`, the command line's flag)."""
+def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = (), folder: bool = False) -> Path:
+    """The target as an absolute path, after refusing an input as output, a folder where the
+    output is a file (or a file where it is a `folder`) and, unless `overwrite`, an existing
+    target (errors name it `output`, the command line's flag)."""
     target = Path(target).absolute()
     resolved = target.resolve()
     for given in inputs:
@@ -42,6 +43,9 @@ def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()
         raise UserError(
             f"output={target} already exists: overwrite=True replaces it, or choose another", ("output", "overwrite")
         )
+    if target.exists() and target.is_dir() != folder:
+        kind = ("a folder", "a file") if folder else ("a file", "a folder")
+        raise UserError(f"output={target} is {kind[1]}; the output is {kind[0]}: choose another", ("output",))
     folder = next(p for p in target.parents if p.exists())  # the nearest that exists (`replacing` makes the rest)
     if not folder.is_dir():
         raise UserError(f"output={target}: {folder} is a file, not a folder", ("output",))
@@ -49,24 +53,42 @@ def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()
 
 
 @contextlib.contextmanager
-def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Iterator[Path]:
+def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = (), folder: bool = False) -> Iterator[Path]:
     """Yields a temporary path beside `target` to write the whole output to (a file or a
-    folder), in its folder, made if missing; on success it replaces `target`, on any error it is
-    removed (and the folders made for it)."""
+    `folder`), in its folder, made if missing; on success it replaces `target`, on any error it
+    is removed (and the folders made for it)."""
     clear_leftovers(Path(target).absolute())
-    target = check_output(target, overwrite, inputs)
+    target = check_output(target, overwrite, inputs, folder)
     made = make_folders(target.parent)
     tmp = _temporary(target, "tmp")
     _remove(tmp)  # a reused PID's
     done = False
+    _UNFINISHED[tmp] = (target, made)
     try:
         yield tmp
         _move_into_place(tmp, target)
         done = True
     finally:
+        del _UNFINISHED[tmp]
         _remove(tmp)
         if not done:
             remove_empty(made)  # as they were: no empty folders left by a failed output
+
+
+# The temporaries being written (`replacing`): each one's target and the folders made for it.
+_UNFINISHED: dict[Path, tuple[Path, list[Path]]] = {}
+
+
+def abandon_unfinished() -> list[Path]:
+    """Removes every output being written (its temporary, the folders made for it): what a
+    command stopped by a signal does before it exits. Returns their targets."""
+    targets = []
+    for tmp, (target, made) in list(_UNFINISHED.items()):
+        _remove(tmp)
+        _remove(tmp)  # again: a writer's thread may have added to a folder while it was removed
+        remove_empty(made)
+        targets.append(target)
+    return targets
 
 
 def make_folders(folder: Path) -> list[Path]:
@@ -108,8 +130,6 @@ def _move_into_place(tmp: Path, target: Path) -> None:
         os.rename(target, old)
         os.rename(tmp, target)
         _remove(old)
-    elif target.is_dir():
-        raise UserError(f"{target} is a folder; the output is a file")
     else:
         os.replace(tmp, target)
 

@@ -59,6 +59,10 @@ def test_help_lists_the_commands_and_every_flag_of_each():
             ["--config.train.learning_rat: unknown config key, did you mean --config.train.learning_rate?"],
         ),
         (
+            ["train", "--config=demo", "--workdir=w", "--config.train.nope=1"],
+            ["--config.train.nope: unknown config key (every key: launch.py train --help)"],
+        ),
+        (
             ["embed", "--model=smal", "--input=README.md", "--output=nowhere/out.h5"],
             ["model folder not found: smal", "(small, medium, original, original_5.5b): did you mean small?"],
         ),
@@ -224,3 +228,36 @@ def test_a_start_that_fails_is_one_line_and_leaves_no_workdir(tmp_path):
 def test_eval_of_a_model_folder_says_it_has_no_softmax_to_score(fixtures_dir):
     result = run_cli(["eval", f"--workdir={fixtures_dir / 'elmo'}"])
     assert_one_line_error(result, 2, "is a model folder", "no run config, checkpoint or softmax", "init_from")
+
+
+def _integer_flags() -> list[tuple[str, str, int]]:
+    """(command, flag, a value below its bound) for every integer flag of every command."""
+    from absl import flags
+
+    from elmo_jax.commands.flags import FLAGS
+
+    cases = []
+    for name, command in COMMANDS.items():
+        for flag in command.flags + COMMON_FLAGS:
+            if isinstance(FLAGS[flag].parser, flags.IntegerParser):
+                cases.append((name, flag, FLAGS[flag].parser.lower_bound - 1))
+    return cases
+
+
+def test_every_integer_flag_has_a_lower_bound():
+    from absl import flags
+
+    from elmo_jax.commands.flags import FLAGS
+
+    names = set(COMMON_FLAGS) | {f for c in COMMANDS.values() for f in c.flags}
+    integers = [n for n in names if isinstance(FLAGS[n].parser, flags.IntegerParser)]
+    assert integers and not [n for n in integers if FLAGS[n].parser.lower_bound is None]
+
+
+@pytest.mark.launches
+def test_a_flag_out_of_range_is_one_line_naming_it_before_any_work():
+    """Every command, every integer flag: 0 devices, 0 rows, a negative shard... refused as
+    the flags are read, before a file is opened or a model loaded (a required flag missing too)."""
+    for command, flag, bad in _integer_flags():
+        result = run_cli([command, f"--{flag}={bad}"])
+        assert_one_line_error(result, 2, f"--{flag}={bad}")

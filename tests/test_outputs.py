@@ -5,6 +5,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from cli import assert_one_line_error, run_cli, start_cli, strict_json
+from cli import ROOT, assert_one_line_error, launch_args, run_cli, start_cli, strict_json
 from tiny_models import tiny_options
 
 from elmo_jax.config import ModelConfig
@@ -48,7 +49,7 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "stale.txt").write_text("from another model")
-    with replacing(folder, overwrite=True) as tmp:
+    with replacing(folder, overwrite=True, folder=True) as tmp:
         tmp.mkdir()
         (tmp / "fresh.txt").write_text("x")
     assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # replaced whole: nothing stale kept
@@ -121,6 +122,50 @@ def _kill_while_writing(args, target, seed: int) -> bool:
         time.sleep(0.005)
     proc.wait()
     return False
+
+
+@pytest.mark.launches
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["embed", "import", "export"])
+def test_sigterm_and_sigint_stop_a_writing_command_with_nothing_left_behind(tmp_path, random_model, text_data, command):
+    """The status of a process the signal killed (128 + its number), one line saying what
+    became of the output, and no temporary beside it (nor the folder made for it); a signal
+    that comes once the output is in place changes nothing (exit 0, the output whole)."""
+    files = [f"--options={random_model / 'options.json'}", f"--weights={random_model / 'weights.hdf5'}"]
+    args = {
+        "embed": ["embed", *files, f"--input={tmp_path / 'in.txt'}"],
+        "import": ["import", *files],
+        "export": ["export", f"--workdir={tmp_path / 'imported'}"],
+    }[command]
+    (tmp_path / "in.txt").write_text((text_data / "train.txt").read_text() * 10)
+    if command == "export":
+        assert run_cli(["import", *files, f"--output={tmp_path / 'imported'}"]).returncode == 0
+    out = tmp_path / "out" / "target"
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        for _ in range(10):  # until a signal lands while the output is written
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(launch_args(*args, f"--output={out}"), cwd=ROOT, env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and time.monotonic() < deadline:
+                if out.parent.is_dir() and list(out.parent.glob(".target.tmp-*")):
+                    proc.send_signal(signum)
+                    break
+                time.sleep(0.002)
+            _, stderr = proc.communicate(timeout=120)
+            if proc.returncode == 0:  # the signal came after the output was in place
+                assert out.exists() and "Traceback" not in stderr, stderr
+                shutil.rmtree(out.parent)
+                continue
+            assert proc.returncode == 128 + signum, stderr
+            assert stderr.strip().splitlines() == [
+                f"launch.py {command}: stopped by {signal.Signals(signum).name}: removed the unfinished {out}; "
+                "earlier outputs are as they were"
+            ]
+            assert not out.parent.exists()
+            break
+        else:
+            pytest.fail(f"{command} was never stopped while writing")
 
 
 @pytest.mark.launches

@@ -17,6 +17,7 @@ class Command:
     usage: str  # the flags after the command name
     flags: tuple[str, ...]
     required: tuple[str, ...] = ()
+    handles_signals: bool = False  # SIGTERM and SIGINT: its own way (train: a checkpoint), else stopped
 
 
 def prog() -> str:

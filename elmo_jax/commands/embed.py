@@ -13,12 +13,13 @@ log = logging.getLogger("elmo_jax")
 
 
 def main(flags: FlagValues) -> None:
-    from elmo_jax.embed import check_shard, embed_file
+    from elmo_jax.embed import check_input, check_shard, embed_file
     from elmo_jax.model_io import load_model
     from elmo_jax.outputs import check_output
 
     check_shard(flags.shard_index, flags.num_shards)  # before loading the model
     source, options, weights = model_source(flags, "workdir", usage_line("embed", COMMAND))
+    check_input(flags.input)
     inputs = (flags.input, flags.workdir, options, weights)
     check_output(flags.output, flags.overwrite, inputs)  # before loading the model
     model = load_model(source, options, weights)
@@ -27,7 +28,7 @@ def main(flags: FlagValues) -> None:
         flags.input,
         flags.output,
         flags.layers,
-        flags.batch_size or 64,
+        64 if flags.batch_size is None else flags.batch_size,
         flags.stateful,
         max_tokens=flags.max_tokens,
         max_sentence_tokens=flags.max_sentence_tokens,

@@ -14,7 +14,9 @@ log = logging.getLogger("elmo_jax")
 
 def main(flags: FlagValues) -> None:
     from elmo_jax.model_io import export_model, load_model
+    from elmo_jax.outputs import check_output
 
+    check_output(flags.output, flags.overwrite, (flags.workdir,), folder=True)  # before loading the model
     export_model(load_model(flags.workdir), flags.output, flags.overwrite, (flags.workdir,))
     log.info(
         "exported %s to %s (options.json, weights.hdf5%s)",

@@ -23,11 +23,15 @@ flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkp
 flags.DEFINE_string(
     "data", None, "A source: demo, text:GLOB, lm1b:PATH or tfds:NAME (eval: default the run's config.data.heldout)."
 )
-flags.DEFINE_integer("min_count", 1, "Keep words seen at least this many times (3 gives LM1B's 793,471 lines).")
-flags.DEFINE_integer("max_sentences", 0, "Evaluate only the first N sentences, for a quick estimate (0 = all).")
+flags.DEFINE_integer(
+    "min_count", 1, "Keep words seen at least this many times (3 gives LM1B's 793,471 lines).", lower_bound=1
+)
+flags.DEFINE_integer(
+    "max_sentences", 0, "Evaluate only the first N sentences, for a quick estimate (0 = all).", lower_bound=0
+)
 flags.DEFINE_integer(
     "batch_size", None, "eval: rows per batch (default: the run's config.train.eval_batch_size); embed, plan "
-    "--mode=embed: sentences per batch (default 64)."
+    "--mode=embed: sentences per batch (default 64).", lower_bound=1
 )  # fmt: skip
 flags.DEFINE_string(
     "model", None, "A published model by name (small, medium, original, original_5.5b) or the URL of its "
@@ -42,15 +46,21 @@ flags.DEFINE_string(
 flags.DEFINE_string("input", None, "Text file, one whitespace-tokenized sentence a line.")
 flags.DEFINE_enum("layers", "all", ["all", "top", "average"], "Which layers to write.")
 flags.DEFINE_bool("stateful", False, "Carry the LSTM state from batch to batch (bilm-tf, AllenNLP).")
-flags.DEFINE_integer("max_tokens", 8192, "Positions (rows x length) per round of rows; a longer line runs alone.")
-flags.DEFINE_integer("max_sentence_tokens", 100_000, "A line with more tokens is refused (not one sentence).")
+flags.DEFINE_integer(
+    "max_tokens", 8192, "Positions (rows x length) per round of rows; a longer line runs alone.", lower_bound=1
+)
+flags.DEFINE_integer(
+    "max_sentence_tokens", 100_000, "A line with more tokens is refused (not one sentence).", lower_bound=1
+)
 flags.DEFINE_integer(
     "devices", None, "embed: split each batch's rows over the first N local devices (default: all of them); plan: "
-    "the number of devices of the target (default 1)."
+    "the number of devices of the target (default 1).", lower_bound=1
 )  # fmt: skip
 flags.DEFINE_enum("target", "h200", list(TARGETS), "The accelerator to compile for (without having one).")
 flags.DEFINE_enum("mode", "train", ["train", "embed"], "plan: the train step, or the programs that embed text.")
-flags.DEFINE_integer("vocab_size", 793_471, "Words in the softmax table (default: LM1B's, bilm-tf's vocabulary).")
+flags.DEFINE_integer(
+    "vocab_size", 793_471, "Words in the softmax table (default: LM1B's, bilm-tf's vocabulary).", lower_bound=1
+)
 flags.DEFINE_bool(
     "fit",
     True,
@@ -58,9 +68,11 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_string("hlo", None, "Also write the compiled program's text to this file.")
 flags.DEFINE_integer(
-    "num_shards", 1, "Embed only every line i with i % num_shards == shard_index (one process per host)."
+    "num_shards", 1, "Embed only every line i with i % num_shards == shard_index (one process per host).", lower_bound=1
 )
-flags.DEFINE_integer("shard_index", 0, "Which share of the lines this process embeds: 0 .. num_shards - 1.")
+flags.DEFINE_integer(
+    "shard_index", 0, "Which share of the lines this process embeds: 0 .. num_shards - 1.", lower_bound=0
+)
 flags.DEFINE_bool("overwrite", False, "Replace an existing output (whole, atomically).")
 flags.DEFINE_bool(
     "compile_cache",
@@ -70,8 +82,13 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_bool("verbose", False, "Show the traceback of an error (also: ELMO_JAX_TRACEBACK=1).")
 flags.DEFINE_string("coordinator", None, "Multi-process runs: HOST:PORT of process 0, or auto (JAX's detection).")
-flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
-flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0 .. num_processes - 1.")
+flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.", lower_bound=1)
 flags.DEFINE_integer(
-    "coordinator_timeout", 300, "Multi-process runs: seconds to wait for the coordinator and the other processes."
+    "process_id", None, "Multi-process runs: this process's index, 0 .. num_processes - 1.", lower_bound=0
+)
+flags.DEFINE_integer(
+    "coordinator_timeout",
+    300,
+    "Multi-process runs: seconds to wait for the coordinator and the other processes.",
+    lower_bound=1,
 )

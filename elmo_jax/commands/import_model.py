@@ -14,10 +14,12 @@ log = logging.getLogger("elmo_jax")
 
 def main(flags: FlagValues) -> None:
     from elmo_jax.model_io import load_model, save_imported
+    from elmo_jax.outputs import check_output
 
     source, options, weights = model_source(flags, None, usage_line("import", COMMAND))
-    model = load_model(source, options, weights)
     inputs = (options, weights) if source is None else ()
+    check_output(flags.output, flags.overwrite, inputs, folder=True)  # before loading (or downloading) the model
+    model = load_model(source, options, weights)
     save_imported(model, flags.output, flags.overwrite, inputs)
     log.info(
         "imported %s into %s (embedding-only: the file holds no softmax)",

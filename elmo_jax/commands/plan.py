@@ -11,12 +11,14 @@ from elmo_jax.commands.command import Command
 
 
 def main(flags: FlagValues) -> None:
+    from elmo_jax.experiment import validate
     from elmo_jax.plan.program import quiet_accelerator_plugins
 
+    validate(flags.config)  # the settings by train's rules, before the compiler is looked for
     quiet_accelerator_plugins()
     from elmo_jax.plan.targets import target as find_target
 
-    target, devices = find_target(flags.target), flags.devices or 1
+    target, devices = find_target(flags.target), 1 if flags.devices is None else flags.devices
     lines, result, program = (_embedding if flags.mode == "embed" else _train_step)(flags, target, devices)
     if flags.hlo:
         Path(flags.hlo).write_text(program)
@@ -29,7 +31,7 @@ def _embedding(flags: FlagValues, target, devices: int) -> tuple[list[str], dict
     from elmo_jax.plan.program import compile_embed
     from elmo_jax.plan.report import describe_embed, estimate_embed
 
-    programs = compile_embed(flags.config, target, devices, flags.batch_size or 64)
+    programs = compile_embed(flags.config, target, devices, 64 if flags.batch_size is None else flags.batch_size)
     result = estimate_embed(programs, target)
     return describe_embed(result, target), result, "\n\n".join(text for text, _ in programs.programs.values())
 

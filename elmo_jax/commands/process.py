@@ -4,8 +4,10 @@ cache, the multi-process start-up, and errors reported as one line with their ex
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -15,12 +17,33 @@ from absl.flags import FlagValues
 
 from elmo_jax.commands.command import prog
 from elmo_jax.errors import RunFailed, UserError, as_flags
+from elmo_jax.outputs import abandon_unfinished
 from elmo_jax.progress import log_handler
+from elmo_jax.switches import switch
 
 
-def run_command(name: str, main: Callable[[FlagValues], None], flags: FlagValues) -> None:
+def _stop(name: str, signum: int) -> None:
+    """SIGTERM or SIGINT in a command that does not handle them itself (`train` saves a
+    checkpoint): what it was writing is removed, one line says so, and the process exits with
+    the status of one the signal killed. Nothing is raised: raised where the signal lands (a
+    weakref's callback, a thread's teardown), an exception can be swallowed and the work go on."""
+    removed = abandon_unfinished()
+    kept = (
+        f"removed the unfinished {', '.join(str(p) for p in removed)}; earlier outputs are as they were"
+        if removed
+        else "no output was unfinished; earlier outputs are as they were"
+    )
+    print(f"{prog()} {name}: stopped by {signal.Signals(signum).name}: {kept}", file=sys.stderr)
+    _exit_now(128 + signum)
+
+
+def run_command(
+    name: str, main: Callable[[FlagValues], None], flags: FlagValues, handles_signals: bool = False
+) -> None:
     """Sets the process up, then runs `main(flags)`. Errors the user can fix exit 2, a run that
-    cannot go on exits 1, each one line (--verbose or ELMO_JAX_TRACEBACK=1: the traceback)."""
+    cannot go on exits 1, each one line (--verbose or ELMO_JAX_TRACEBACK=1: the traceback).
+    Unless the command `handles_signals`, SIGTERM and SIGINT stop it, its unfinished output
+    removed, with one line and the status of a process killed by the signal (128 + its number)."""
     from elmo_jax.compile_time import use_persistent_cache  # JAX: only once the flags are good
     from elmo_jax.host_memory import keep_freed_memory
 
@@ -28,16 +51,23 @@ def run_command(name: str, main: Callable[[FlagValues], None], flags: FlagValues
     keep_freed_memory()
     if flags.compile_cache:
         use_persistent_cache(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elmo_jax" / "jax")
+    if not handles_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda signum, _: _stop(name, signum))
     try:
+        switch("ELMO_JAX_TRACEBACK")  # a value it cannot be is refused before any work
         _start_processes(flags)
         main(flags)
+        if not handles_signals:  # done: a signal now would only cut the exit short
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
     except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         _report(name, e, 2, flags.verbose)
     except (RunFailed, OSError) as e:
         _report(name, e, 1, flags.verbose)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second SIGINT in train
         print(f"{prog()} {name}: interrupted", file=sys.stderr)
-        sys.exit(130)
+        _exit_now(128 + signal.SIGINT)
     _exit_without_teardown()
 
 
@@ -91,7 +121,9 @@ def _setup_logging() -> None:
 
 def _report(name: str, error: BaseException, status: int, verbose: bool) -> None:
     """One line, unless --verbose or ELMO_JAX_TRACEBACK=1 asks for the traceback."""
-    if verbose or os.environ.get("ELMO_JAX_TRACEBACK") == "1":
+    with contextlib.suppress(UserError):  # refused in run_command
+        verbose = verbose or switch("ELMO_JAX_TRACEBACK")
+    if verbose:
         raise error
     message = as_flags(error) if isinstance(error, UserError) else str(error)
     print(f"{prog()} {name}: {message}", file=sys.stderr)

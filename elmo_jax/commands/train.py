@@ -32,4 +32,5 @@ COMMAND = Command(
     "--config=NAME|FILE --workdir=DIR [--config.SECTION.KEY=VALUE ...]",
     ("config", "workdir"),
     ("config", "workdir"),
+    handles_signals=True,
 )
