@@ -25,6 +25,7 @@ import jax
 from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import train_settings
+from elmo_jax.hub import fetch_hub, is_hub
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
@@ -48,8 +49,7 @@ def load_model(
     """From a training workdir, an imported folder or an exported one (`path`), a published
     model by name or options URL (a str: small, medium, original, original_5.5b; downloaded
     into the cache), or from options.json + HDF5."""
-    if is_published(path):
-        path = fetch(path)
+    path = _fetched(path)
     if path is None:
         if options is None or weights is None:
             raise UserError("give a workdir / imported folder, or both an options.json and a weights.hdf5")
@@ -103,10 +103,18 @@ def _one_file(folder: Path, suffix: str) -> Path | None:
     return found[0] if found else None
 
 
+def _fetched(source: str | Path | None) -> str | Path | None:
+    """A published model (a name or an options URL) or a hub model (hf://OWNER/REPO) as its
+    folder in the cache, fetched where missing; any other source as it is."""
+    if is_hub(source):
+        return fetch_hub(source)
+    return fetch(source) if is_published(source) else source
+
+
 def model_options(path: str | Path) -> dict:
     """The options.json model dict of a workdir, an imported or an exported folder (read
     without loading weights), or of a published model (by name or URL: downloaded first)."""
-    path = fetch(path) if is_published(path) else Path(path)
+    path = Path(_fetched(path))
     if Workdir(path).config_json.is_file():
         return Workdir(path).saved()["model"]
     options = _one_file(path, "options.json") if path.is_dir() else None

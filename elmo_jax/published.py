@@ -99,7 +99,7 @@ def cache_folder(options_url: str) -> Path:
 def fetch(source: str) -> Path:
     """The cache folder of a published model (a name or an options URL), its two files
     downloaded if missing or damaged, checked against their recorded size and SHA-256 and
-    against what they claim to be (`_unlike`)."""
+    against what they claim to be (`unlike`)."""
     urls = model_urls(source)
     folder = cache_folder(urls[0])
     offline = switch("ELMO_JAX_OFFLINE")
@@ -139,10 +139,10 @@ def _problem(path: Path, record: dict | None) -> str | None:
     hold a web page as a model file)."""
     if record is not None and _size_and_sha256(path) != {k: record[k] for k in ("size", "sha256")}:
         return "not its recorded size and SHA-256 (damaged)"
-    return _unlike(path)
+    return unlike(path)
 
 
-def _unlike(path: Path, name: str | None = None) -> str | None:
+def unlike(path: Path, name: str | None = None) -> str | None:
     """What a file is instead of what its name (or `name`, where it is a part) says: an HDF5
     file of weights that opens, or an options JSON that describes a model; None where it is."""
     with open(path, "rb") as f:
@@ -231,7 +231,7 @@ def _download_once(url: str, target: Path, part: Path) -> dict:
                 bar.update(done)
     if total is not None and done != total:
         raise http.client.IncompleteRead(b"", total - done)
-    problem = _unlike(part, target.name)
+    problem = unlike(part, target.name)
     if problem:
         part.unlink()
         raise NotWhatItClaims(f"the server sent {problem}")

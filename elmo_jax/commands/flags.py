@@ -35,7 +35,8 @@ flags.DEFINE_integer(
 )  # fmt: skip
 flags.DEFINE_string(
     "model", None, "A published model by name (small, medium, original, original_5.5b) or the URL of its "
-    "..._options.json: downloaded once into $ELMO_JAX_MODEL_CACHE (default $XDG_CACHE_HOME/elmo_jax/models)."
+    "..._options.json: downloaded once into $ELMO_JAX_MODEL_CACHE (default $XDG_CACHE_HOME/elmo_jax/models); or "
+    "a Hugging Face hub repo holding bilm-tf's two files, hf://OWNER/REPO[@REVISION] (needs elmo_jax[hub])."
 )  # fmt: skip
 flags.DEFINE_string("options", None, "bilm-tf options.json.")
 flags.DEFINE_string("weights", None, "bilm-tf weights.hdf5.")
