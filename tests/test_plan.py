@@ -704,3 +704,36 @@ def test_a_gpu_too_small_for_the_char_cnn_kernels_gets_xlas_with_one_warning_or_
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith("char_conv='auto': XLA's char CNN, as ours cannot run here: the char CNN kernel")
     assert kind in warning and "Shared memory" in warning
+
+
+def test_a_kernel_over_the_shared_memory_is_not_blamed_on_the_batch():
+    """A program whose kernel asks for more shared memory than the GPU has does not compile at
+    any batch: plan says so (a UserError), not that the rows do not fit (DoesNotFit, which
+    --fit would take as a reason to search for fewer)."""
+    _need_plugin()
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.errors import UserError
+    from elmo_jax.model import char_kernels
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.plan.program import DoesNotFit, abstract_devices, compile_within_memory
+
+    a100 = TARGETS["a100"]
+    small = {"shared_memory_per_block_optin": 16 * 1024, "shared_memory_per_core": 16 * 1024}
+    tiny = dataclasses.replace(a100, name="tiny", description="NVIDIA A100 (tiny)", gpu={**a100.gpu, **small})
+    on = abstract_devices(tiny, 1)[0]
+    mesh = jax.sharding.Mesh([on], ("x",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    W, K, F = PUBLISHED_CHAR_CNN
+    shapes = [((W, 64, K), jnp.float32), ((K, F), jnp.float32), ((F,), jnp.int32)]
+    operands = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+    with tracing_for("gpu", on), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        lowered = jax.jit(lambda *a: char_kernels.max_and_ties(*a, "float32", (64, 128))).lower(*operands)
+    with pytest.raises(
+        UserError, match=r"does not compile for tiny at any batch: .* bytes of shared memory"
+    ) as refused:
+        compile_within_memory(lowered, tiny, 128)
+    assert not isinstance(refused.value, DoesNotFit)
