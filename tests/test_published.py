@@ -5,6 +5,7 @@ import hashlib
 import http.server
 import json
 import threading
+import time
 
 import jax
 import numpy as np
@@ -26,6 +27,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         server = self.server
         server.requests.append((self.path, self.headers.get("Range")))
+        if self.path in server.redirect:  # to itself: a loop
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path in server.stall:
+            time.sleep(server.stall[self.path])
         data = server.files.get(self.path)
         if data is None:
             self.send_error(404, "Not Found")
@@ -58,7 +67,7 @@ def mirror(fixtures_dir, tmp_path, monkeypatch):
         f"/models/{SMALL}/{OPTIONS}": (fixtures_dir / "elmo" / "options.json").read_bytes(),
         f"/models/{SMALL}/{WEIGHTS}": (fixtures_dir / "elmo" / "lm_weights.hdf5").read_bytes(),
     }
-    server.requests, server.cut = [], {}
+    server.requests, server.cut, server.redirect, server.stall = [], {}, set(), {}
     threading.Thread(target=server.serve_forever, daemon=True).start()
     server.url = f"http://127.0.0.1:{server.server_address[1]}/models"
     monkeypatch.setenv("ELMO_JAX_MODEL_MIRROR", server.url)
@@ -174,6 +183,19 @@ def test_a_cache_holding_a_web_page_is_downloaded_again(mirror, monkeypatch):
     monkeypatch.delenv("ELMO_JAX_OFFLINE")
     assert load_model("small").config.lstm.n_layers == 2
     assert weights.read_bytes() == mirror.files[f"/models/{SMALL}/{WEIGHTS}"]
+
+
+def test_a_redirect_loop_and_a_server_that_stalls_are_one_line_each_leaving_nothing(mirror, monkeypatch):
+    path = f"/models/{SMALL}/{OPTIONS}"
+    mirror.redirect.add(path)
+    with pytest.raises(DownloadFailed, match=rf"cannot download {mirror.url}/{SMALL}/{OPTIONS} \(HTTP 302 .*loop"):
+        fetch("small")
+    mirror.redirect.clear()
+    monkeypatch.setattr("elmo_jax.published.TIMEOUT_S", 0.3)
+    mirror.stall[path] = 2.0
+    with pytest.raises(DownloadFailed, match=rf"cannot download {mirror.url}/{SMALL}/{OPTIONS} \(.*timed out"):
+        fetch("small")
+    assert sorted(p.name for p in _folder().iterdir()) == [".lock"]
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", "On"])
