@@ -165,11 +165,12 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path, fixtures_dir):
     (tmp_path / "w2" / "checkpoints").mkdir()
     assert_one_line_error(run_cli(["eval", f"--workdir={tmp_path / 'w2'}"]), 2, "config.json: not valid JSON")
 
+    (tmp_path / "in.txt").write_text("the river bank\n")
     assert_one_line_error(
         run_cli(
             [
                 "embed",
-                f"--input={tmp_path / 'none.txt'}",
+                f"--input={tmp_path / 'in.txt'}",
                 f"--output={tmp_path / 'o.h5'}",
                 f"--workdir={tmp_path / 'w2'}",
             ]
