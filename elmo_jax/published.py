@@ -147,7 +147,7 @@ def unlike(path: Path, name: str | None = None) -> str | None:
     file of weights that opens, or an options JSON that describes a model; None where it is."""
     with open(path, "rb") as f:
         head = f.read(512)
-    if (name or path.name).endswith(OPTIONS_SUFFIX):
+    if (name or path.name).endswith("options.json"):  # a published `_options.json`, a hub repo's `options.json`
         try:
             ModelConfig.from_options(json.loads(path.read_text(encoding="utf-8")), source=path.name)
         except (json.JSONDecodeError, UnicodeDecodeError):

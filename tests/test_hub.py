@@ -61,10 +61,10 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 def hub(fixtures_dir, tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
     model = fixtures_dir / "elmo"
-    server.repos = {
+    server.repos = {  # bilm-tf's two files under plain names, as hub copies hold them
         REPO: {
-            "elmo_test_options.json": (model / "options.json").read_bytes(),
-            "elmo_test_weights.hdf5": (model / "lm_weights.hdf5").read_bytes(),
+            "options.json": (model / "options.json").read_bytes(),
+            "weights.hdf5": (model / "lm_weights.hdf5").read_bytes(),
             "README.md": b"# not downloaded\n",
         }
     }
@@ -92,7 +92,7 @@ def test_a_hub_model_is_fetched_once_then_read_from_huggingface_hubs_cache(hub, 
     fetched = _embed(tmp_path, f"hf://{REPO}", hub.env)
     assert fetched.returncode == 0, fetched.stderr
     downloads = sorted(p.rsplit("/", 1)[-1] for m, p in hub.requests if m == "GET" and "/resolve/" in p)
-    assert downloads == ["elmo_test_options.json", "elmo_test_weights.hdf5"]  # not the README
+    assert downloads == ["options.json", "weights.hdf5"]  # not the README
     model = fixtures_dir / "elmo"
     local = run_cli(["embed", f"--options={model / 'options.json'}", f"--weights={model / 'lm_weights.hdf5'}",
                      f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'local.h5'}"])  # fmt: skip
@@ -112,9 +112,9 @@ def test_a_hub_model_is_fetched_once_then_read_from_huggingface_hubs_cache(hub, 
 def test_a_hub_repo_that_is_missing_or_serves_a_web_page_is_one_line(hub, tmp_path):
     missing = _embed(tmp_path, "hf://nobody/nothing", hub.env)
     assert_one_line_error(missing, 2, "cannot fetch hf://nobody/nothing from http://127.0.0.1:")
-    hub.repos[REPO]["elmo_test_weights.hdf5"] = b"<!DOCTYPE html><html>Sign in</html>"
+    hub.repos[REPO]["weights.hdf5"] = b"<!DOCTYPE html><html>Sign in</html>"
     portal = _embed(tmp_path, f"hf://{REPO}", hub.env)
-    assert_one_line_error(portal, 2, f"hf://{REPO}: its elmo_test_weights.hdf5 is not an HDF5 file but a web page")
+    assert_one_line_error(portal, 2, f"hf://{REPO}: its weights.hdf5 is not an HDF5 file but a web page")
     assert_one_line_error(
         _embed(tmp_path, "hf://not a repo", hub.env), 2, "hf://OWNER/REPO or hf://OWNER/REPO@REVISION"
     )
