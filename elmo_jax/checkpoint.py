@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from elmo_jax.errors import RunFailed, UserError
+from elmo_jax.model import shapes_by_path
 from elmo_jax.outputs import write_text
 
 if TYPE_CHECKING:
@@ -271,8 +272,7 @@ class Checkpoints:
             params = getattr(tree, "tree", tree)["params"]
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
-        flat = jax.tree_util.tree_flatten_with_path(params)[0]
-        return {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in flat}
+        return shapes_by_path(params)
 
     def restore_params(self, step: int, abstract_params: Params) -> Params:
         """Only the params of `step`'s state, shaped and placed like `abstract_params`: the

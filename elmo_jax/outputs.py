@@ -46,9 +46,9 @@ def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = ()
     if target.exists() and target.is_dir() != folder:
         kind = ("a folder", "a file") if folder else ("a file", "a folder")
         raise UserError(f"output={target} is {kind[1]}; the output is {kind[0]}: choose another", ("output",))
-    folder = next(p for p in target.parents if p.exists())  # the nearest that exists (`replacing` makes the rest)
-    if not folder.is_dir():
-        raise UserError(f"output={target}: {folder} is a file, not a folder", ("output",))
+    nearest = next(p for p in target.parents if p.exists())  # of the folders above (`replacing` makes the rest)
+    if not nearest.is_dir():
+        raise UserError(f"output={target}: {nearest} is a file, not a folder", ("output",))
     return target
 
 

@@ -38,9 +38,10 @@ def cut_torn_records(path: Path) -> bool:
     with open(path, "rb") as f:
         while at < size:
             header = f.read(8)
-            if len(header) < 8 or at + 8 + 4 + struct.unpack("<Q", header)[0] + 4 > size:
+            end = at + 8 + 4 + struct.unpack("<Q", header)[0] + 4 if len(header) == 8 else size + 1
+            if end > size:
                 break
-            at += 8 + 4 + struct.unpack("<Q", header)[0] + 4
+            at = end
             f.seek(at)
     if at == size:
         return False

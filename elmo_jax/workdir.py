@@ -28,7 +28,7 @@ from elmo_jax.config import ModelConfig, dict_differences, read_json
 from elmo_jax.environment import environment
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
-from elmo_jax.model import Params
+from elmo_jax.model import Params, shapes_by_path
 from elmo_jax.model.bilm import init_params
 from elmo_jax.outputs import make_folders, remove_empty, write_text
 from elmo_jax.text.batcher import round_up
@@ -191,12 +191,11 @@ class Workdir:
         """Fails, naming each field with both values, where the model of config.json (`model`)
         is not the one whose params (`shapes`, by path, as `Checkpoints.param_shapes` reads
         them) the checkpoint of `step` holds: before Orbax is asked to restore them."""
-        expected = jax.eval_shape(lambda: init_params(jax.random.key(0), model, None))
-        flat = jax.tree_util.tree_flatten_with_path(expected)[0]
-        wanted = {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in flat}
+        wanted = shapes_by_path(jax.eval_shape(lambda: init_params(jax.random.key(0), model, None)))
         if all(shapes.get(path) == shape for path, shape in wanted.items()):
             return
-        diffs = dict_differences(model.to_options(), _options_of(shapes, model.to_options()))
+        options = model.to_options()
+        diffs = dict_differences(options, _options_of(shapes, options))
         diffs = (
             diffs
             or [  # a difference no field of the options explains: the first params that differ
