@@ -52,3 +52,21 @@ def test_compiles_are_logged_at_info_from_half_a_second_and_at_debug_below(caplo
     compile_time._on_duration(compile_time._PROGRAM, 0.1, fun_name="jit(slice)")
     levels = {r.getMessage(): r.levelname for r in caplog.records}
     assert levels == {"compiled jit(train_step) in 12.5 s": "INFO", "compiled jit(slice) in 0.1 s": "DEBUG"}
+
+
+def test_time_waiting_for_batches_is_the_input_bound_share_and_warned_about_once(caplog):
+    caplog.set_level("INFO", logger="elmo_jax.train.metrics")
+    records = Records()
+    window = TrainWindow(records, total_steps=10, softmax="sampled")
+    metrics = {"loss": 2.0, "loss_forward": 2.1, "loss_backward": 1.9, "grad_norm": 1.0, "tokens": 1000}
+    for waited in (0.15, 0.0):  # a window input-bound a half of its time, then one not at all
+        with window.waiting_for_input():
+            time.sleep(waited)
+        time.sleep(0.15)  # the step
+        window.add(dict(metrics))
+        window.log(step=1, epoch=0.0)
+    shares = [values["input_bound"] for _, _, values in records.written]
+    assert 0.35 < shares[0] < 0.65 and shares[1] < 0.05
+    warnings = [r for r in caplog.records if "waited for their batches" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    assert "input-bound" in caplog.text

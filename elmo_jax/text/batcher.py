@@ -29,8 +29,9 @@ import numpy as np
 
 from elmo_jax.errors import UserError
 from elmo_jax.settings import BACKWARD_ORDERS
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
+from elmo_jax.text.chars import MAX_CHARS, PAD_CHAR
 from elmo_jax.text.corpus import Corpus
+from elmo_jax.text.tokenized import Tokenized
 from elmo_jax.text.vocab import Vocabulary
 
 
@@ -47,6 +48,9 @@ class Batch(NamedTuple):
     ids: np.ndarray
     targets: np.ndarray
     mask: np.ndarray
+
+
+QUEUED_WINDOWS = 16  # a row queues sentences for this many windows at a time
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -76,70 +80,205 @@ def epochs_done(state: dict, n_sentences: int) -> float:
     return float(np.mean([e + k * state["batch_size"] / n_sentences for e, k, *_ in state["rows"]]))
 
 
+class _Queue(NamedTuple):
+    """Positions queued per local row, (rows, capacity) arrays: what each direction reads (the
+    rank of the word's characters, `WordTypes.ranks`) and predicts (its vocabulary id), None for a
+    direction the stream does not serve; and where the position stands
+    in its stream: `sentence` = epoch * 2^32 + the sentence's number in the epoch, `after` = the
+    offset after it in the sentence, -1 at the sentence's end."""
+
+    forward_input: np.ndarray | None
+    forward_target: np.ndarray | None
+    backward_input: np.ndarray | None
+    backward_target: np.ndarray | None
+    sentence: np.ndarray
+    after: np.ndarray
+
+    @classmethod
+    def empty(cls, rows: int, capacity: int, directions: tuple[str, ...]) -> _Queue:
+        def field(name: str):
+            if name.split("_")[0] not in directions and name not in ("sentence", "after"):
+                return None
+            return np.zeros((rows, capacity), np.int64 if name == "sentence" else np.int32)
+
+        return cls(*map(field, cls._fields))
+
+    @property
+    def capacity(self) -> int:
+        return self.after.shape[1]
+
+    def grown(self, capacity: int) -> _Queue:
+        return _Queue(*(None if a is None else np.pad(a, ((0, 0), (0, capacity - a.shape[1]))) for a in self))
+
+
+class _Window(NamedTuple):
+    """A window of T positions of every local row, (rows, T) each; `valid` False where a row's
+    single pass is over; a direction's fields None where the stream does not serve it."""
+
+    valid: np.ndarray
+    forward_input: np.ndarray | None
+    forward_target: np.ndarray | None
+    backward_input: np.ndarray | None
+    backward_target: np.ndarray | None
+
+
 class _Stream:
     """Where each local row stands in one stream of sentences: stream 0 (the forward LM's, and
-    the backward LM's in the shared order) or 1 (the backward LM's own, see `Corpus.view`)."""
+    the backward LM's in the shared order) or 1 (the backward LM's own, see `Corpus.sentence_ids`).
+    Each row queues the positions of its next sentences, many at a time, with whole-array numpy."""
 
-    def __init__(self, batcher: StreamBatcher, number: int):
+    def __init__(self, batcher: StreamBatcher, number: int, directions: tuple[str, ...]):
         # A weak reference: a batcher is freed as soon as it is dropped (an evaluation's, every
         # eval_every steps), not at Python's rare full garbage collections.
-        self.batcher, self.number = weakref.proxy(batcher), number
-        self.views: dict[tuple[int, int], object] = {}
+        self.batcher, self.number, self.directions = weakref.proxy(batcher), number, directions
+        self.views: dict[tuple[int, int], np.ndarray] = {}
+        n = len(batcher.rows)
+        self.group, self.index = np.divmod(np.asarray(batcher.rows, np.int64), batcher.group_rows)
         # Per local row: [epoch, sentences consumed in this epoch, offset in the current one].
-        self.pos = [[0, 0, 0] for _ in batcher.rows]
-        # Per local row: the sentence being read, [tokens with <S> and </S>, char-table rows or None].
-        self.current: list[list | None] = [None] * len(batcher.rows)
+        self.pos = np.zeros((n, 3), np.int64)
+        self.restore(self.pos)
 
-    def view(self, epoch: int, group: int):
+    def view(self, epoch: int, group: int) -> np.ndarray:
+        """The sentence ids (storage order) group `group` reads in `epoch`."""
         if (epoch, group) not in self.views:
             self.views = {key: v for key, v in self.views.items() if key[0] >= epoch - 1}
             b = self.batcher
-            self.views[epoch, group] = b.corpus.view(epoch, group, b.groups, b.seed, b.shuffle, self.number)
+            self.views[epoch, group] = b.corpus.sentence_ids(epoch, group, b.groups, b.seed, b.shuffle, self.number)
         return self.views[epoch, group]
 
-    def restore(self, positions: list[list[int]]) -> None:
-        self.pos = [list(p) for p in positions]
-        self.current = [None] * len(self.pos)
+    def restore(self, positions: np.ndarray) -> None:
+        self.pos = np.array(positions, np.int64).reshape(-1, 3)
+        n = len(self.pos)
+        self.next = self.pos[:, :2].copy()  # [epoch, sentence] of the next sentence to queue
+        self.skip = self.pos[:, 2].copy()  # positions of that sentence already read
+        capacity = 2 * QUEUED_WINDOWS * self.batcher.unroll_steps
+        self.queue, self.fill, self.read = _Queue.empty(n, capacity, self.directions), np.zeros(n, np.int64), 0
+        self.over = np.zeros(n, bool)  # a single pass: no sentence left to queue
 
-    def _advance(self, j: int) -> bool:
-        """Loads local row j's next non-empty sentence; False when a single pass is over."""
+    def window(self, T: int) -> _Window:
+        """The next T positions of every row, moving the rows on."""
+        self._top_up(T)
+        n = len(self.pos)
+        take = np.minimum(self.fill - self.read, T)
+        if self.queue.capacity < self.read + T:
+            self.queue = self.queue.grown(self.read + T)
+        q, columns, rows = self.queue, slice(self.read, self.read + T), np.arange(n)
+        last = np.maximum(self.read + take - 1, 0)
+        sentence, after = q.sentence[rows, last], q.after[rows, last]
+        ended, moved = after < 0, take > 0
+        self.pos[moved, 0] = (sentence >> 32)[moved]
+        self.pos[moved, 1] = ((sentence & 0xFFFFFFFF) + ended)[moved]
+        self.pos[moved, 2] = np.where(ended, 0, after)[moved]
+        # A row whose single pass ended in this window stands after its epoch's last sentence.
+        finished = take < T
+        self.pos[finished] = np.concatenate([self.next[finished], np.zeros((finished.sum(), 1), np.int64)], axis=1)
+        self.read += T
+        valid = take[:, None] > np.arange(T) if finished.any() else np.ones((n, T), bool)
+        return _Window(valid, *(None if a is None else a[:, columns] for a in q[:4]))
+
+    def _top_up(self, T: int) -> None:
+        """Queues sentences until every row holds at least T positions (a single pass: or has
+        none left), QUEUED_WINDOWS windows' worth at a time."""
+        need = QUEUED_WINDOWS * T - (self.fill - self.read)
+        if not ((self.fill - self.read < T) & ~self.over).any():
+            return
+        # Drop the positions read.
+        q, keep = self.queue, int(self.fill.max()) - self.read
+        for a in q:
+            if a is not None:
+                a[:, :keep] = a[:, self.read : self.read + keep]
+        self.fill -= self.read
+        self.read = 0
         b = self.batcher
-        group, i = divmod(b.rows[j], b.group_rows)
+        tokenized = b.tokenized
+        mean = max(1.0, tokenized.positions() / max(len(tokenized.lengths), 1))
         while True:
-            epoch, k, _ = self.pos[j]
-            view = self.view(epoch, group)
-            index = i + k * b.group_rows
-            if index >= len(view):
-                if b.single_pass:
-                    return False
-                self.pos[j] = [epoch + 1, 0, 0]
-                continue
-            words = view[index]
-            if words:
-                self.current[j] = [[BOS_TOKEN, *words, EOS_TOKEN], None]
-                return True
-            self.pos[j] = [epoch, k + 1, 0]
+            wanted = np.flatnonzero((need > 0) & ~self.over)
+            if not len(wanted):
+                return
+            parts = []
+            for epoch, group in sorted(set(zip(self.next[wanted, 0].tolist(), self.group[wanted].tolist()))):
+                rows = wanted[(self.next[wanted, 0] == epoch) & (self.group[wanted] == group)]
+                view = self.view(epoch, group)
+                left = np.maximum(-(-(len(view) - self.index[rows]) // b.group_rows) - self.next[rows, 1], 0)
+                done = left == 0
+                if done.any():
+                    if b.single_pass:
+                        self.over[rows[done]] = True
+                    else:
+                        self.next[rows[done]] = [epoch + 1, 0]
+                rows, left = rows[~done], left[~done]
+                count = np.minimum(left, np.ceil(need[rows] / mean).astype(np.int64) + 1)
+                # Sentence k of a row in its group's epoch stream is view[index + k * group_rows].
+                row_of = np.repeat(rows, count)
+                k = self.next[row_of, 1] + _ragged_arange(count)
+                parts.append((row_of, np.full(len(row_of), epoch), k, view[self.index[row_of] + k * b.group_rows]))
+                self.next[rows, 1] += count
+            if parts:
+                row_of, epoch, k, ids = (np.concatenate(x) for x in zip(*parts))
+                order = np.argsort(row_of, kind="stable")  # each row's sentences in their order
+                need -= self._queue(row_of[order], epoch[order], k[order], ids[order])
 
-    def window(self, T: int) -> list[tuple[int, int, int, int, list]]:
-        """The next T positions of every row as segments (row, time, offset in the sentence,
-        positions taken, sentence), moving the rows on."""
-        segments = []
-        for j in range(len(self.pos)):
-            t = 0
-            while t < T:
-                if self.current[j] is None and not self._advance(j):
-                    break
-                sentence = self.current[j]
-                epoch, k, offset = self.pos[j]
-                take = min(len(sentence[0]) - 1 - offset, T - t)
-                segments.append((j, t, offset, take, sentence))
-                t += take
-                if offset + take == len(sentence[0]) - 1:
-                    self.pos[j] = [epoch, k + 1, 0]
-                    self.current[j] = None
-                else:
-                    self.pos[j] = [epoch, k, offset + take]
-        return segments
+    def _queue(self, row_of: np.ndarray, epoch: np.ndarray, k: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Appends the positions of sentences (grouped by row, in order) to their rows; returns
+        the positions added per row."""
+        b = self.batcher
+        tokenized, n_rows = b.tokenized, len(self.pos)
+        n = tokenized.lengths[ids].astype(np.int64)
+        # A sentence of n words gives n + 1 positions; the first sentence queued after a
+        # restore starts at its saved offset.
+        first = np.ones(len(row_of), bool)
+        first[1:] = row_of[1:] != row_of[:-1]
+        start = np.where(first, self.skip[row_of], 0)
+        self.skip[row_of[first]] = 0
+        count = np.where(n > 0, n + 1 - start, 0)
+        # The sentences as tokens <S> w1 ... wn </S>, one after the other, as what a position
+        # reads (ranks) and predicts (vocabulary ids).
+        tokens = np.empty(int((n + 2).sum()), np.int32)
+        at = np.cumsum(n + 2) - (n + 2)  # each sentence's <S>
+        tokens[_not_boundary(at, n, len(tokens))] = tokenized.ids[
+            np.repeat(tokenized.starts[ids], n) + _ragged_arange(n)
+        ]
+        tokens[at], tokens[at + n + 1] = b.vocab.bos, b.vocab.eos
+        types = tokenized.types
+        reads, predicts = types.ranks[tokens], types.vocab_ids[tokens]
+        # Position p of a sentence: forward, token p predicts p + 1; backward (the sentence
+        # reversed), token n + 1 - p predicts n - p. `g`: each position's token p in `tokens`.
+        total = int(count.sum())
+        g = np.repeat(at + start - (np.cumsum(count) - count), count) + np.arange(total)
+        # Each row's positions go after the ones it holds.
+        added = np.bincount(row_of, weights=count, minlength=n_rows).astype(np.int64)
+        end = int((self.fill + added).max(initial=0))
+        if end > self.queue.capacity:
+            self.queue = self.queue.grown(max(2 * self.queue.capacity, end))
+        q = self.queue
+        flat = np.repeat(np.arange(n_rows) * q.capacity + self.fill - (np.cumsum(added) - added), added)
+        flat += np.arange(total)
+        if q.forward_input is not None:
+            q.forward_input.reshape(-1)[flat] = reads[g]
+            q.forward_target.reshape(-1)[flat] = predicts[g + 1]
+        if q.backward_input is not None:
+            mirror = np.repeat(2 * at + n + 1, count) - g
+            q.backward_input.reshape(-1)[flat] = reads[mirror]
+            q.backward_target.reshape(-1)[flat] = predicts[mirror - 1]
+        q.sentence.reshape(-1)[flat] = np.repeat((epoch << 32) + k, count)
+        after = g - np.repeat(at - 1, count)
+        after[after == np.repeat(n + 1, count)] = -1
+        q.after.reshape(-1)[flat] = after
+        self.fill += added
+        return added
+
+
+def _not_boundary(at: np.ndarray, n: np.ndarray, size: int) -> np.ndarray:
+    """Of `size` tokens of sentences starting at `at` (n words each), those that are words."""
+    mask = np.ones(size, bool)
+    mask[at], mask[at + n + 1] = False, False
+    return mask
+
+
+def _ragged_arange(count: np.ndarray) -> np.ndarray:
+    """0, 1, ..., count[i] - 1 for each i, one after the other."""
+    return np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
 
 
 class StreamBatcher:
@@ -166,13 +305,14 @@ class StreamBatcher:
         shuffle: bool = True,
         single_pass: bool = False,
         rows: Sequence[int] | None = None,
-        chars: CharTable | None = None,
+        max_chars: int = MAX_CHARS,
         table_multiple: int = 1,
         fixed_table: bool = False,
         groups: int = 1,
         char_window: int | None = None,
         backward_order: str = "independent",
     ):
+        self.tokenized: Tokenized = corpus.tokenized(vocab, max_chars)
         if len(corpus) == 0:
             raise UserError(f"{corpus.name}: the corpus holds no sentences")
         if len(corpus) < batch_size and not single_pass:
@@ -190,10 +330,14 @@ class StreamBatcher:
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
         self.backward_order = backward_order
         self.rows = list(range(batch_size) if rows is None else rows)
-        self.chars = chars or CharTable()
+        self.max_chars = max_chars
         self.table_multiple, self.fixed_table = table_multiple, fixed_table
-        self._word_ids = np.zeros(0, np.int32)  # char-table row -> vocabulary id
-        self._streams = [_Stream(self, n) for n in range(2 if backward_order == "independent" else 1)]
+        n_ranks = self.tokenized.types.n_ranks
+        self._seen, self._slot = np.zeros(n_ranks, bool), np.zeros(n_ranks, np.int32)  # per batch, see __next__
+        if backward_order == "independent":
+            self._streams = [_Stream(self, 0, ("forward",)), _Stream(self, 1, ("backward",))]
+        else:
+            self._streams = [_Stream(self, 0, ("forward", "backward"))]
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -204,7 +348,7 @@ class StreamBatcher:
     def state(self) -> dict:
         """{seed, batch_size, backward_order, rows}: per local row, [epoch, sentences read in
         it, offset in the current one] of the forward stream, then of the backward stream."""
-        rows = [sum((s.pos[j] for s in self._streams), []) for j in range(len(self.rows))]
+        rows = np.concatenate([s.pos for s in self._streams], axis=1).tolist()
         return {"seed": self.seed, "batch_size": self.batch_size, "backward_order": self.backward_order, "rows": rows}
 
     def restore(self, state: dict) -> None:
@@ -216,75 +360,43 @@ class StreamBatcher:
             )
         if len(state["rows"]) != len(self.rows):
             raise ValueError(f"batcher state has {len(state['rows'])} rows, expected {len(self.rows)}")
-        rows = [list(map(int, p)) for p in state["rows"]]
+        rows = np.array(state["rows"], np.int64).reshape(len(self.rows), -1)
         for n, stream in enumerate(self._streams):
-            stream.restore([p[3 * n : 3 * n + 3] for p in rows])
+            stream.restore(rows[:, 3 * n : 3 * n + 3])
 
     # -- batches -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         return self
 
     def __next__(self) -> Batch:
-        T, B = self.unroll_steps, len(self.rows)
+        T = self.unroll_steps
         windows = [stream.window(T) for stream in self._streams]
-        if not windows[0]:
+        forward, backward = windows[0], windows[-1]
+        mask = forward.valid
+        if not mask.any():
             raise StopIteration
-        self._encode([seg[4] for segments in windows for seg in segments if seg[4][1] is None])
-        rows = np.zeros((2, B, T), dtype=np.int64)
-        targets = np.zeros((2, B, T), dtype=np.int32)
-        mask = np.zeros((B, T), dtype=bool)
-        layouts = [self._layout(segments) for segments in windows]
-        for direction in (0, 1):
-            j, t, start, n, p, flat = layouts[direction % len(layouts)]
-            # Backward position p reads the sentence reversed: token n - 1 - p, target n - 2 - p.
-            token = start + n - 1 - p if direction else start + p
-            target = token - 1 if direction else token + 1
-            rows[direction, j, t], targets[direction, j, t] = flat[token], self._word_ids[flat[target]]
-            mask[j, t] = True
-        distinct, inverse = np.unique(rows, return_inverse=True)
-        words = self.chars.lookup(distinct)
-        # Order the distinct words by their characters, not by cache row numbers, so a batch is
-        # the same whatever the cache saw before it (resuming reproduces it bit for bit).
-        # (Lexicographic over the columns: big-endian bytes of non-negative ids compare alike.)
-        keys = np.ascontiguousarray(words, dtype=">i4").view(np.dtype((np.void, 4 * words.shape[1])))
-        order = np.argsort(keys.ravel())
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
+        types = self.tokenized.types
+        ranks = np.stack([forward.forward_input, backward.backward_input])
+        targets = np.stack([forward.forward_target, backward.backward_target])
+        if not mask.all():  # a position without a token reads `<S>` (as it always has), predicts id 0
+            ranks = np.where(mask, ranks, types.ranks[self.vocab.bos])
+            targets = np.where(mask, targets, 0)
+        # The batch's distinct rows of characters, in their order (`word_types.order_key`), so a
+        # batch is the same whatever was read before it (resuming reproduces it bit for bit).
+        self._seen[ranks] = True
+        distinct = np.flatnonzero(self._seen)
+        self._seen[distinct] = False
+        self._slot[distinct] = np.arange(len(distinct), dtype=np.int32)
+        words = types.chars[distinct]
         columns = char_columns(words, self.char_window)
         chars = np.zeros((self._table_rows(len(distinct)), columns), np.int32)
-        chars[: len(distinct)] = words[order, : chars.shape[1]]
-        ids = rank[inverse].reshape(rows.shape).astype(np.int32)
-        return Batch(chars, ids, targets, mask)
-
-    def _encode(self, sentences: list[list]) -> None:
-        """Fills in the char-table rows of sentences [tokens, None], all in one lookup."""
-        counts = [len(s[0]) for s in sentences]
-        known = len(self.chars.tokens)
-        rows = self.chars.ids([t for s in sentences for t in s[0]])
-        if len(self.chars.tokens) > known:
-            self._word_ids = np.concatenate([self._word_ids, self.vocab.ids(self.chars.tokens[known:])])
-        for s, part in zip(sentences, np.split(rows, np.cumsum(counts)[:-1])):
-            s[1] = part
-
-    @staticmethod
-    def _layout(segments: list) -> tuple[np.ndarray, ...]:
-        """Every position of a window's segments: its row, time, the start of its sentence in
-        `flat` and the sentence's length, its index p in the sentence; and `flat`, the
-        char-table rows of the segments' sentences one after the other."""
-        tables = [s[4][1] for s in segments]
-        flat = np.concatenate(tables)
-        lengths = np.array([len(x) for x in tables])
-        start = np.cumsum(lengths) - lengths
-        seg_j, seg_t, seg_offset, seg_take = np.array([s[:4] for s in segments]).T
-        # One entry per position: its segment, and its index within the segment.
-        each = np.repeat(np.arange(len(segments)), seg_take)
-        within = np.arange(len(each)) - np.repeat(np.cumsum(seg_take) - seg_take, seg_take)
-        return seg_j[each], seg_t[each] + within, start[each], lengths[each], seg_offset[each] + within, flat
+        chars[: len(distinct)] = words[:, :columns]
+        return Batch(chars, self._slot[ranks], targets, mask)
 
     def empty_batch(self) -> Batch:
         """A batch without tokens (mask all False), shaped like this batcher's."""
         B, T = len(self.rows), self.unroll_steps
-        chars = np.zeros((self._table_rows(0), self.chars.max_chars), np.int32)
+        chars = np.zeros((self._table_rows(0), self.max_chars), np.int32)
         ids = np.zeros((2, B, T), np.int32)
         return Batch(chars, ids, ids.copy(), np.zeros((B, T), bool))
 
@@ -298,16 +410,14 @@ class StreamBatcher:
         decides (every process can compute it, whichever rows it reads)."""
         most = 0
         for group in range(self.groups):
-            view, per_row = self._streams[0].view(0, group), np.zeros(self.group_rows, np.int64)
-            for k in range(len(view)):
-                n = len(view[k])
-                per_row[k % self.group_rows] += n + 1 if n else 0
-            most = max(most, int(per_row.max()))
+            n = self.tokenized.lengths[self._streams[0].view(0, group)].astype(np.int64)
+            per_row = np.bincount(np.arange(len(n)) % self.group_rows, weights=np.where(n > 0, n + 1, 0))
+            most = max(most, int(per_row.max(initial=0)))
         return -(-most // self.unroll_steps)
 
     def positions_per_epoch(self) -> int:
         """Predicted positions in one pass over the corpus: sum of (n + 1) over sentences."""
-        return self.corpus.positions()
+        return self.tokenized.positions()
 
     def steps_per_epoch(self) -> int:
         return math.ceil(self.positions_per_epoch() / (self.batch_size * self.unroll_steps))

@@ -1,20 +1,24 @@
-"""What a corpus is: tokenized sentences with a name, read whole (`stream`), or as one device
-group's share of an epoch (`view`, see elmo_jax/text/batcher.py), with the number of positions a
-pass predicts.
+"""What a corpus is: tokenized sentences with a name, read whole (`stream`), as numbers
+(`tokenized`, for StreamBatcher), and the order in which one device group reads them in an
+epoch (`sentence_ids`, see elmo_jax/text/batcher.py).
 
   InMemory             the methods for corpora with random access by index (`Sentences` here,
-                       demo_corpus.DemoCorpus): a view permutes the indices from (seed, epoch)
+                       demo_corpus.DemoCorpus): an epoch permutes the indices from (seed, epoch)
                        and deals them to the groups in turn
-  shards.ShardedCorpus files or an archive read shard by shard, with views of its own
+  shards.ShardedCorpus files or an archive read shard by shard, with an order of its own
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
+
+from elmo_jax.text.chars import MAX_CHARS
+from elmo_jax.text.tokenized import Tokenized, tokenize_sentences
+from elmo_jax.text.vocab import Vocabulary
 
 
 class Corpus(Protocol):
@@ -28,16 +32,16 @@ class Corpus(Protocol):
         """Every sentence once, in storage order."""
         ...
 
-    def view(
+    def sentence_ids(
         self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0
-    ) -> Sequence[list[str]]:
-        """The sentences group `group` of `groups` reads in `epoch` of stream `stream` (0 the
-        forward LM's, 1 the backward LM's own: shuffled independently, see `shuffle_rng`); the
-        groups' views are disjoint and together hold every sentence."""
+    ) -> np.ndarray:
+        """The sentences (numbers in storage order) group `group` of `groups` reads in `epoch` of
+        stream `stream` (0 the forward LM's, 1 the backward LM's own: shuffled independently, see
+        `shuffle_rng`), in order; the groups' sentences are disjoint and together every one."""
         ...
 
-    def positions(self) -> int:
-        """Predicted positions of one pass: the sum of (n + 1) over the non-empty sentences."""
+    def tokenized(self, vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+        """Every sentence as word types (kept: later calls with the same vocabulary return it)."""
         ...
 
 
@@ -55,26 +59,18 @@ class InMemory:
     def stream(self) -> Iterator[list[str]]:
         return (self[i] for i in range(len(self)))
 
-    def view(
+    def sentence_ids(
         self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0
-    ) -> Sequence[list[str]]:
+    ) -> np.ndarray:
         n = len(self)
         order = shuffle_rng(stream, seed, epoch).permutation(n) if shuffle else np.arange(n)
-        return _Indexed(self, order[group::groups])
+        return order[group::groups]
 
-    def positions(self) -> int:
-        return sum(len(s) + 1 for s in self.stream() if s)
-
-
-class _Indexed:
-    def __init__(self, corpus: InMemory, indices: np.ndarray):
-        self.corpus, self.indices = corpus, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> list[str]:
-        return self.corpus[int(self.indices[i])]
+    def tokenized(self, vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+        key = (vocab.sha256, max_chars, len(self))
+        if getattr(self, "_tokenized", (None,))[0] != key:
+            self._tokenized = (key, tokenize_sentences(self.stream(), vocab, max_chars))
+        return self._tokenized[1]
 
 
 class Sentences(InMemory, list):

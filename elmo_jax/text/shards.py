@@ -12,19 +12,22 @@ rows are in.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import fnmatch
 import logging
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.text.chars import MAX_CHARS
 from elmo_jax.text.corpus import shuffle_rng
+from elmo_jax.text.token_cache import tokenize_files, tokenize_pieces
+from elmo_jax.text.tokenized import Tokenized, join
+from elmo_jax.text.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -123,24 +126,24 @@ class RecordBlock:
 
 
 class ShardedCorpus:
-    """Sentences in shards. Sizes (non-empty lines per shard) and the number of predicted
-    positions are counted in one streaming pass, when first needed."""
+    """Sentences in shards. Sizes (non-empty lines per shard) come from a counting pass over the
+    text, or from the shards' word numbers once `tokenized` has made them (token_cache.py)."""
 
     floor_perplexity = None  # unknown for real text
 
-    def __init__(self, name: str, shards: list[Shard]):
+    def __init__(self, name: str, shards: list[Shard] | list[RecordBlock]):
         self.name, self.shards = name, shards
         self._sizes: list[int] | None = None
-        self._positions = 0
+        self._warned = False  # about lines not valid UTF-8
+        self._tokenized: tuple | None = None
 
     def _count(self) -> None:
         if self._sizes is None:
-            sizes, positions = [0] * len(self.shards), 0
+            sizes = [0] * len(self.shards)
             for index, shard_lines in self._stream_lines():
                 warn_invalid_utf8(self.shards[index].name, _invalid_utf8(shard_lines), "non-empty lines")
                 sizes[index] = len(shard_lines)
-                positions += sum(len(line.split()) + 1 for line in shard_lines)
-            self._sizes, self._positions = sizes, positions
+            self._sizes, self._warned = sizes, True
 
     def _stream_lines(self) -> Iterator[tuple[int, list[bytes]]]:
         """(shard index, non-empty lines) of every shard in storage order (files one by one, an
@@ -168,56 +171,47 @@ class ShardedCorpus:
         self._count()
         return sum(self._sizes)
 
-    def positions(self) -> int:
-        """Predicted positions of one pass: the sum of (n + 1) over the n-word sentences."""
-        self._count()
-        return self._positions
-
     def stream(self) -> Iterator[list[str]]:
         """Every sentence once, in storage order."""
         for _, shard_lines in self._stream_lines():
             yield from (_sentence(line) for line in shard_lines)
 
-    def view(self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0) -> GroupView:
+    def tokenized(self, vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+        """Every shard's sentences as word types, through the token cache (token_cache.py)."""
+        key = (vocab.sha256, max_chars)
+        if self._tokenized is None or self._tokenized[0] != key:
+            if all(isinstance(s, Shard) and s.member is None for s in self.shards):
+                parts = tokenize_files([s.path for s in self.shards], vocab)
+            else:
+                pieces: list = [None] * len(self.shards)
+                for index, lines in self._stream_lines():
+                    pieces[index] = lines
+                parts = tokenize_pieces(pieces, vocab)
+            if not self._warned:
+                for shard, part in zip(self.shards, parts):
+                    warn_invalid_utf8(shard.name, part.bad.tolist(), "non-empty lines")
+                self._warned = True
+            self._sizes = [len(part.lengths) for part in parts]
+            self._tokenized = (key, join(parts, vocab, max_chars))
+        return self._tokenized[1]
+
+    def sentence_ids(
+        self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0
+    ) -> np.ndarray:
         """The sentences group `group` of `groups` reads in `epoch` of stream `stream` (see the
-        module doc and `Corpus.view`)."""
+        module doc and `Corpus.sentence_ids`)."""
         self._count()
+        base = np.cumsum([0, *self._sizes])
         m = -(-groups // len(self.shards))
         pieces = [(s, j) for s in range(len(self.shards)) for j in range(m)]
         order = shuffle_rng(stream, seed, epoch).permutation(len(pieces)) if shuffle else np.arange(len(pieces))
-        mine = [pieces[p] for p in order[group::groups]]
-        sizes = [len(range(j, self._sizes[s], m)) for s, j in mine]
-
-        def load(k: int) -> list[bytes]:
-            s, j = mine[k]
-            lines = self.shards[s].lines()[j::m]
+        ids = [np.zeros(0, np.int64)]
+        for s, j in (pieces[p] for p in order[group::groups]):
+            lines = np.arange(j, self._sizes[s], m)
             if shuffle:
-                perm = shuffle_rng(stream, seed, epoch, s, j).permutation(len(lines))
-                lines = [lines[i] for i in perm]
-            return lines
-
-        return GroupView(sizes, load)
-
-
-class GroupView:
-    """Random access, by position in a group's epoch stream, to pieces loaded on demand (the
-    two most recent kept)."""
-
-    def __init__(self, sizes: list[int], load: Callable[[int], list[bytes]]):
-        self._starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        self._load = load
-        self._cache: dict[int, list[bytes]] = {}
-
-    def __len__(self) -> int:
-        return self._starts[-1]
-
-    def __getitem__(self, i: int) -> list[str]:
-        k = bisect.bisect_right(self._starts, i) - 1
-        if k not in self._cache:
-            if len(self._cache) >= 2:
-                self._cache.pop(min(self._cache))
-            self._cache[k] = self._load(k)
-        return _sentence(self._cache[k][i - self._starts[k]])
+                lines = lines[shuffle_rng(stream, seed, epoch, s, j).permutation(len(lines))]
+            ids.append(base[s] + lines)
+        return np.concatenate(ids)
 
 
 def lm1b_shards(path: Path, split: str) -> list[Shard]:

@@ -8,6 +8,7 @@ sampler relies on. Out-of-vocabulary targets map to `<UNK>`.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +41,11 @@ class Vocabulary:
     def __contains__(self, word: str) -> bool:
         return word in self._id
 
+    @property
+    def word_ids(self) -> dict[str, int]:
+        """word -> id (read-only by convention)."""
+        return self._id
+
     def id(self, word: str) -> int:
         return self._id.get(word, self.unk)
 
@@ -71,9 +77,14 @@ class Vocabulary:
         """The file's contents: one word a line."""
         return "\n".join(self.words) + "\n"
 
+    @functools.cached_property
+    def sha256(self) -> str:
+        """SHA-256 of the file's contents."""
+        return hashlib.sha256(self.text().encode("utf-8")).hexdigest()
+
     def record(self) -> dict[str, int | str]:
         """Size and SHA-256 of the file's contents, to check a saved copy against."""
-        return {"words": len(self), "sha256": hashlib.sha256(self.text().encode("utf-8")).hexdigest()}
+        return {"words": len(self), "sha256": self.sha256}
 
     def save(self, path: str | Path) -> None:
         """Written atomically: a kill leaves the old file or the whole new one."""

@@ -17,7 +17,6 @@ from elmo_jax import experiment
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import ModelConfig
 from elmo_jax.curves import plot_after_training
-from elmo_jax.errors import UserError
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
 from elmo_jax.settings import TrainSettings
@@ -90,8 +89,6 @@ def _open_data(
     the batcher, and the run's length in steps."""
     t = config.train
     train_corpus = open_corpus(config.data.train, "train")
-    if len(train_corpus) == 0:
-        raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab = workdir.training_vocab(config, train_corpus)
     hp = experiment.train_settings(config, len(vocab))
@@ -195,7 +192,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
     try:  # the event file is closed even when training raises (an atexit close fails on Python 3.12)
         try:
             for step in range(start + 1, total_steps + 1):
-                batch, data_state = next(prefetch)
+                with window.waiting_for_input():
+                    batch, data_state = next(prefetch)
                 with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
                     state, metrics = step_fn(state, batch)
                 # Read the previous step's numbers while this one runs.

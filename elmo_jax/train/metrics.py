@@ -59,14 +59,27 @@ class TrainWindow:
     ("sampled" or "full") says what the train perplexities are of. Its time is the steps' own:
     what runs under `leave_out` (evaluations, step calls that compile) is not in the rates."""
 
+    INPUT_BOUND_WARNING = 0.10  # the share of the window's time spent waiting for batches that is warned about, once
+
     def __init__(self, writer: MetricWriter, total_steps: int, softmax: str):
         self.writer, self.total_steps, self.softmax = writer, total_steps, softmax
         self.last_loss = float("nan")
+        self.warned_input_bound = False
         self.restart()
 
     def restart(self) -> None:
         """An empty window from now."""
         self.start, self.steps, self.tokens, self.sums, self.excluded = time.monotonic(), 0, 0, {}, 0.0
+        self.waited = 0.0  # seconds the loop waited for its next batch
+
+    @contextlib.contextmanager
+    def waiting_for_input(self) -> Iterator[None]:
+        """Counts the time inside as time the loop waited for its batch (input-bound)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waited += time.monotonic() - start
 
     @contextlib.contextmanager
     def leave_out(self, only_if_compiled: bool = False) -> Iterator[None]:
@@ -108,11 +121,12 @@ class TrainWindow:
             "perplexity_backward": safe_exp(mean["loss_backward"]),
             "tokens_per_sec": self.tokens / elapsed,
             "step_time_s": step_time,
+            "input_bound": min(self.waited / elapsed, 1.0),
             "epoch": epoch,
         }
         log.info(
             "step %d/%d | epoch %.2f | loss %.3f | train ppl fwd %.1f bwd %.1f (%s) | grad norm %.2f | "
-            "%s tok/s | %.0f ms/step | ETA %s",
+            "%s tok/s | %.0f ms/step | input-bound %.0f%% | ETA %s",
             step,
             self.total_steps,
             epoch,
@@ -123,8 +137,16 @@ class TrainWindow:
             mean["grad_norm"],
             f"{values['tokens_per_sec']:,.0f}",
             1000 * step_time,
+            100 * values["input_bound"],
             format_duration((self.total_steps - step) * step_time),
         )
+        if values["input_bound"] > self.INPUT_BOUND_WARNING and not self.warned_input_bound:
+            log.warning(
+                "the steps waited for their batches %.0f%% of the time: the host's input pipeline is slower than "
+                "the devices (docs/DISTRIBUTED.md, 'What the host needs')",
+                100 * values["input_bound"],
+            )
+            self.warned_input_bound = True
         self.writer.write(step, "train", values)
         self.restart()
 
