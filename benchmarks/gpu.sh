@@ -60,6 +60,17 @@ for schedule in wavefront layers; do
     --lstm_schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
 done
 timeout 120 python3 -m benchmarks.speed.recurrence --config=original --per_device_batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"
+# The host's input path on this machine's cores (CPU devices: text to batches, against the
+# plan's step times), then `train` end to end on the GPU at 512 rows over the same LM1B-layout
+# text: its log windows' tokens/s and input-bound share, beside the step alone above.
+timeout 300 env JAX_PLATFORMS=cpu python3 -m benchmarks.speed.host_path --batches=60 2>&1 | grep -E 'rows:|^\{' \
+  | tee "$dir/host_path.txt"
+lm1b=$(ls -d /tmp/elmo_jax_host_path_100_* | head -1)
+timeout 420 python3 launch.py train --config=elmo_original --workdir="$dir/train_e2e" --config.data.train="lm1b:$lm1b" \
+  --config.data.vocab="$lm1b/vocab.txt" --config.data.heldout= --config.train.per_device_batch_size=512 \
+  --config.train.compute_dtype=bfloat16 --config.train.max_steps=300 --config.train.log_every=50 \
+  --config.train.checkpoint_every=100000 2>&1 | grep -E 'step [0-9]+/|input|Error' | tee "$dir/train_e2e.txt"
+rm -rf "$dir/train_e2e"
 # Each measured train step beside the plan's estimate of the same program.
 python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys

@@ -13,7 +13,7 @@ For each shape (device groups x rows per device) it reports
   input-bound   the share of the loop's wall time spent waiting for its batch, against a
                 stand-in for the device step: a jitted function that takes the plan's H200 step
                 time for the shape (STAND_IN_MS) and lets the host run meanwhile, as a GPU does
-The corpus (Zipfian words of English-like lengths over a vocabulary of --vocab words, and 2% of
+The process keeps freed memory as `train` does (elmo_jax/host_memory.py). The corpus (Zipfian words of English-like lengths over a vocabulary of --vocab words, and 2% of
 word types outside it) is generated once into --corpus (default: a folder in the system's temp
 folder). The last line is JSON.
 """
@@ -176,6 +176,9 @@ def input_bound(corpus_dir: Path, groups: int, rows: int, unroll: int, batches: 
 
 
 def main() -> None:
+    from elmo_jax.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as `train` does (elmo_jax/commands/process.py): freed memory reused, not faulted in again
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=None)
     parser.add_argument("--shards", type=int, default=100)
