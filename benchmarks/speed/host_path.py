@@ -13,8 +13,8 @@ For each shape (device groups x rows per device) it reports
   input-bound   the share of the loop's wall time spent waiting for its batch, against a
                 stand-in for the device step: a jitted function that takes the plan's H200 step
                 time for the shape (STAND_IN_MS) and lets the host run meanwhile, as a GPU does
-The process keeps freed memory as `train` does (elmo_jax/host_memory.py). The corpus (Zipfian words of English-like lengths over a vocabulary of --vocab words, and 2% of
-word types outside it) is generated once into --corpus (default: a folder in the system's temp
+The process keeps freed memory as `train` does (elmo_jax/host_memory.py). The corpus (Zipfian
+words of English-like lengths over a vocabulary of --vocab words, and 2% of word types outside it) is generated once into --corpus (default: a folder in the system's temp
 folder). The last line is JSON.
 """
 
