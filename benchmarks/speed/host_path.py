@@ -14,8 +14,9 @@ For each shape (device groups x rows per device) it reports
                 stand-in for the device step: a jitted function that takes the plan's H200 step
                 time for the shape (STAND_IN_MS) and lets the host run meanwhile, as a GPU does
 The process keeps freed memory as `train` does (elmo_jax/host_memory.py). The corpus (Zipfian
-words of English-like lengths over a vocabulary of --vocab words, and 2% of word types outside it) is generated once into --corpus (default: a folder in the system's temp
-folder). The last line is JSON.
+words of English-like lengths over a vocabulary of --vocab words, and 2% of word types outside it)
+is generated once into --corpus (default: a folder in the system's temp folder). The last line is
+JSON.
 """
 
 from __future__ import annotations
