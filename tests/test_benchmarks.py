@@ -1,4 +1,4 @@
-"""The benchmark scripts that benchmarks/gpu.sh runs (and the input pipeline's) run end to end at
+"""The benchmark scripts that benchmarks/gpu.sh runs (and the input pipeline's and host path's) run end to end at
 toy sizes and print their JSON result line last, so a change to the library cannot leave gpu.sh
 broken for the next accelerator session. No timing is asserted. (ablation.py and
 communication.py are left out: half a minute each, and no accelerator session depends on them.)"""
@@ -43,6 +43,10 @@ COMMANDS = {
         ["speed.input_pipeline", "--batch=4", "--unroll=5", "--vocab=500", "--batches=3"],
         ("tokens_per_sec", "ms_per_batch"),
     ),
+    "host path": (
+        ["speed.host_path", "--shards=3", "--tokens=30000", "--vocab=3000", "--batches=3", "--shapes=2x4"],
+        ("results.0.tokens_per_sec", "results.0.first_batch_cold_s", "results.0.first_batch_warm_s"),
+    ),
 }
 
 
@@ -61,5 +65,5 @@ def test_benchmark_runs_and_reports_its_measurements(name):
     for key in measurements:
         value = result
         for part in key.split("."):
-            value = value[part]
+            value = value[int(part)] if part.isdigit() else value[part]
         assert isinstance(value, (int, float)) and value > 0, (key, value)
