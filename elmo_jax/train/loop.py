@@ -17,6 +17,7 @@ from elmo_jax import experiment
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import ModelConfig
 from elmo_jax.curves import plot_after_training
+from elmo_jax.errors import UserError
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
 from elmo_jax.settings import TrainSettings
@@ -91,6 +92,9 @@ def _open_data(
     train_corpus = open_corpus(config.data.train, "train")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab = workdir.training_vocab(config, train_corpus)
+    train_corpus.tokenized(vocab)  # kept for the batcher; counts the sentences without another pass over the text
+    if len(train_corpus) == 0:
+        raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
     hp = experiment.train_settings(config, len(vocab))
     workdir.write_config(config, vocab)
 
