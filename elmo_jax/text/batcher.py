@@ -190,8 +190,7 @@ class _Stream:
         self.fill -= self.read
         self.read = 0
         b = self.batcher
-        tokenized = b.tokenized
-        mean = max(1.0, tokenized.positions() / max(len(tokenized.lengths), 1))
+        mean = b.mean_positions
         while True:
             wanted = np.flatnonzero((need > 0) & ~self.over)
             if not len(wanted):
@@ -313,6 +312,8 @@ class StreamBatcher:
         backward_order: str = "independent",
     ):
         self.tokenized: Tokenized = corpus.tokenized(vocab, max_chars)
+        # Positions per sentence, to size each row's next batch of sentences (one pass over the lengths).
+        self.mean_positions = max(1.0, self.tokenized.positions() / max(len(self.tokenized.lengths), 1))
         if len(corpus) == 0:
             raise UserError(f"{corpus.name}: the corpus holds no sentences")
         if len(corpus) < batch_size and not single_pass:
