@@ -30,6 +30,11 @@ LSTM_CELLS = ("auto", "xla", "pallas")
 CHAR_CONVS = ("auto", "xla", "pallas")
 # The backward LM's order of sentences in training (elmo_jax/text/batcher.py).
 BACKWARD_ORDERS = ("independent", "shared")
+# How the learning rate follows the global batch (docs/TRAINING.md, "Batch size and learning rate"):
+# not at all (the paper's recipe), by the square root of the batch's ratio to the reference, or by the ratio.
+LR_BATCH_SCALINGS = ("none", "sqrt", "linear")
+# The paper's global batch: 3 GPUs x 128 rows.
+RECIPE_GLOBAL_BATCH = 384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +104,19 @@ class TrainSettings:
         0.1, Rule(lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)"), "dropout on the LSTMs' inputs and outputs"
     )
     all_clip_norm_val: float = setting(10.0, POSITIVE, "the gradients' global norm is clipped to this")
-    learning_rate: float = setting(0.2, POSITIVE, "Adagrad's learning rate")
+    learning_rate: float = setting(0.2, POSITIVE, "Adagrad's learning rate (for lr_reference_batch rows a step)")
+    lr_batch_scaling: str = setting(
+        "none",
+        one_of(LR_BATCH_SCALINGS),
+        "the learning rate for the global batch: none (learning_rate as it is, the recipe), sqrt or linear "
+        "(learning_rate x (global batch / lr_reference_batch), its square root or itself)",
+    )
+    lr_reference_batch: int = setting(
+        RECIPE_GLOBAL_BATCH, count(1), "the global batch (rows) learning_rate is meant for (the paper's 3 x 128)"
+    )
+    warmup_steps: int = setting(
+        0, count(0), "the learning rate rises linearly to its value over this many first steps; 0 = none (the recipe)"
+    )
     initial_accumulator_value: float = setting(1.0, POSITIVE, "Adagrad's initial accumulator")
     n_epochs: float = setting(10.0, POSITIVE, "passes over the training data; the run's length derives from it")
     max_steps: int = setting(0, count(0), "> 0 caps the run at this many steps")
@@ -125,6 +142,22 @@ class TrainSettings:
     def of(cls, train: Mapping[str, Any], vocab_size: int) -> TrainSettings:
         """An experiment config's `train` section and its vocabulary's size."""
         return cls(**{name: train[name] for name in names(cls)}, n_tokens_vocab=vocab_size)
+
+    @property
+    def global_batch(self) -> int:
+        """Rows per step over all devices (`devices` resolved: 0 means not yet known)."""
+        return self.per_device_batch_size * self.devices
+
+    def batch_learning_rate(self) -> float:
+        """The learning rate for this global batch (before any warm-up): learning_rate itself when
+        lr_batch_scaling is none, else scaled by the global batch's ratio to lr_reference_batch
+        (its square root for sqrt)."""
+        if self.lr_batch_scaling == "none":
+            return self.learning_rate
+        if self.devices < 1:
+            raise ValueError("batch_learning_rate: devices not resolved (0); the global batch is unknown")
+        ratio = self.global_batch / self.lr_reference_batch
+        return self.learning_rate * (ratio if self.lr_batch_scaling == "linear" else math.sqrt(ratio))
 
     def options_fields(self) -> dict[str, Any]:
         """The bilm-tf options.json training fields these values fill."""

@@ -11,7 +11,15 @@ from elmo_jax.text.demo_corpus import DemoCorpus, grammar
 from elmo_jax.text.vocab import Vocabulary, count_words
 from elmo_jax.train.evaluate import evaluate
 from elmo_jax.train.parallel import data_parallel
-from elmo_jax.train.step import _SMALL_LEAF, _global_norm, _loss, init_train_state, make_train_step, softmax_rows
+from elmo_jax.train.step import (
+    _SMALL_LEAF,
+    _global_norm,
+    _loss,
+    init_train_state,
+    make_train_step,
+    softmax_rows,
+    warmup,
+)
 
 TINY = tiny_options(64, 16, 8, [[1, 16], [2, 16], [3, 32]])
 
@@ -129,3 +137,47 @@ def test_the_global_norm_counts_large_and_small_leaves_once():
     grads = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32), grads)
     want = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(grads)))
     np.testing.assert_allclose(jax.jit(_global_norm)(grads), want, rtol=1e-6)
+
+
+def test_the_learning_rate_follows_the_global_batch_only_when_asked():
+    """The recipe's default applies learning_rate as it is at any batch (no warm-up); sqrt and
+    linear scale it by the global batch's ratio to lr_reference_batch."""
+    recipe = TrainSettings(per_device_batch_size=512, devices=8)
+    assert (recipe.lr_batch_scaling, recipe.warmup_steps) == ("none", 0)
+    assert recipe.batch_learning_rate() == recipe.learning_rate and warmup(recipe, jnp.int32(0)) is None
+    for rule, want in (("none", 0.2), ("sqrt", 0.4), ("linear", 0.8)):
+        hp = TrainSettings(per_device_batch_size=64, devices=2, lr_reference_batch=32, lr_batch_scaling=rule)
+        assert hp.batch_learning_rate() == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="devices not resolved"):
+        TrainSettings(devices=0, lr_batch_scaling="sqrt").batch_learning_rate()
+    hp = TrainSettings(warmup_steps=4)
+    factors = [float(warmup(hp, jnp.int32(s))) for s in range(6)]
+    assert factors == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("sample_softmax", [True, False])
+def test_warmup_and_batch_scaling_are_adagrad_at_the_rate_they_name(demo, sample_softmax):
+    """A step at warm-up factor 1/4 is the plain step at a quarter of the rate, and a step of 4
+    rows with sqrt scaling from 1 row the plain step at twice the rate: every param and
+    accumulator (the dense params through optax, the softmax rows by our Adagrad)."""
+    train, _, vocab = demo
+    config = ModelConfig.from_options(TINY)
+    base = dict(per_device_batch_size=4, unroll_steps=5, n_tokens_vocab=len(vocab), n_negative_samples_batch=64)
+    base.update(sample_softmax=sample_softmax, devices=1, dropout=0.0)
+    batch = next(StreamBatcher(train, vocab, 4, 5, seed=0))
+
+    def stepped(**settings):
+        hp = TrainSettings(**base, **settings)
+        return jax.tree.map(
+            np.asarray, make_train_step(config, hp)(init_train_state(jax.random.key(0), config, hp, 4), batch)[0]
+        )
+
+    plain = stepped(learning_rate=0.2)
+    for got, want in (
+        (stepped(learning_rate=0.8, warmup_steps=4), stepped(learning_rate=0.2)),
+        (stepped(learning_rate=0.1, lr_batch_scaling="sqrt", lr_reference_batch=1), stepped(learning_rate=0.2)),
+    ):
+        for g, w in zip(jax.tree.leaves((got.params, got.opt_state)), jax.tree.leaves((want.params, want.opt_state))):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    moved, leaves = stepped(learning_rate=0.4), jax.tree.leaves  # a rate that differs moves the params elsewhere
+    assert any(not np.allclose(m, p, rtol=1e-6, atol=1e-7) for m, p in zip(leaves(moved.params), leaves(plain.params)))

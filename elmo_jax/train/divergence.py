@@ -118,7 +118,15 @@ class DivergenceCheck:
         hp = self.hp
         return TrainingDiverged(
             f"step {step}: {what}: training diverged; {kept}. Lower config.train.learning_rate (now "
-            f"{hp.learning_rate}), or check config.train.all_clip_norm_val (now {hp.all_clip_norm_val}) and "
+            f"{hp.learning_rate}{_scaled(hp)}), or check config.train.all_clip_norm_val (now "
+            f"{hp.all_clip_norm_val}) and "
             f"config.train.initial_accumulator_value (now {hp.initial_accumulator_value}); a rerun with changed "
             f"values {'resumes from that checkpoint' if last is not None else 'starts afresh'}"
         )
+
+
+def _scaled(hp: TrainSettings) -> str:
+    """What the step applied, where the learning rate follows the global batch."""
+    if hp.lr_batch_scaling == "none" or hp.devices < 1:
+        return ""
+    return f", applied as {hp.batch_learning_rate():.4g} for {hp.global_batch} rows: config.train.lr_batch_scaling"

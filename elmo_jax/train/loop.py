@@ -129,6 +129,16 @@ def _open_data(
         jax.process_count(),
         total_steps,
     )
+    if hp.lr_batch_scaling != "none" or hp.warmup_steps:
+        log.info(
+            "learning rate %.6g for %d rows a step (%s scaling of %g from %d rows)%s",
+            hp.batch_learning_rate(),
+            hp.global_batch,
+            hp.lr_batch_scaling,
+            hp.learning_rate,
+            hp.lr_reference_batch,
+            f", reached after a warm-up of {hp.warmup_steps} steps" if hp.warmup_steps else "",
+        )
     return _Data(train_corpus, heldout, vocab, hp, batcher, total_steps)
 
 

@@ -3,7 +3,8 @@
 train_step: (state, batch) -> (state, metrics). Loss = 0.5 * (forward + backward) cross
 entropy (sampled softmax, or the full softmax with `sample_softmax` off), each the mean over the
 batch's positions. As in bilm-tf's `train()`, the gradient is that of `unroll_steps * loss`; it is
-clipped to a global norm and applied with Adagrad (both see the x unroll_steps). The logged loss
+clipped to a global norm and applied with Adagrad (both see the x unroll_steps) at the rate for
+the global batch (`TrainSettings.batch_learning_rate`), times `warmup`'s factor. The logged loss
 and gradient norm are those of the mean loss and of the scaled gradient (before clipping).
 Randomness (dropout, candidate sampling) comes from fold_in(rng, step).
 
@@ -46,8 +47,17 @@ class TrainState:
 
 
 def dense_optimizer(hp: TrainSettings) -> optax.GradientTransformation:
-    """Adagrad as TF1 applies it (no epsilon), for every param but the softmax table."""
-    return optax.adagrad(hp.learning_rate, initial_accumulator_value=hp.initial_accumulator_value, eps=0.0)
+    """Adagrad as TF1 applies it (no epsilon), for every param but the softmax table, at the
+    global batch's rate (`warmup` scales its updates during the warm-up)."""
+    return optax.adagrad(hp.batch_learning_rate(), initial_accumulator_value=hp.initial_accumulator_value, eps=0.0)
+
+
+def warmup(hp: TrainSettings, step: jax.Array) -> jax.Array | None:
+    """The factor on the learning rate at `step` (0-based): (step + 1) / warmup_steps during the
+    warm-up, then 1; None without a warm-up (the recipe's update, untouched)."""
+    if hp.warmup_steps == 0:
+        return None
+    return jnp.minimum(1.0, (step + 1).astype(jnp.float32) / hp.warmup_steps)
 
 
 def _without_softmax(params: dict) -> dict:
@@ -271,13 +281,15 @@ def _scaled_loss(params, *args, hp: TrainSettings):
     return hp.unroll_steps * loss, (loss, aux)
 
 
-def _adagrad(value, accumulator, grad, lr: float):
+def _adagrad(value, accumulator, grad, lr: float | jax.Array):
     """TF1's Adagrad rule (no epsilon, the updated accumulator) -> (value, accumulator)."""
     accumulator = accumulator + grad**2
     return value - lr * grad / jnp.sqrt(accumulator), accumulator
 
 
-def _sparse_adagrad(table: dict, accumulators: dict, gathered: dict, grads: dict, rows: jax.Array, lr: float):
+def _sparse_adagrad(
+    table: dict, accumulators: dict, gathered: dict, grads: dict, rows: jax.Array, lr: float | jax.Array
+):
     """Adagrad on rows `rows` of each table, whose values are `gathered` (rows out of range,
     the padding, are skipped)."""
     new_table, new_acc = {}, {}
@@ -317,17 +329,18 @@ def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: Softm
     grad_norm = _global_norm(grads)
     grads = jax.tree.map(lambda g: _clipped(g, grad_norm, hp.all_clip_norm_val), grads)
     updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
+    lr, factor = hp.batch_learning_rate(), warmup(hp, state.step)
+    if factor is not None:  # Adagrad's update is linear in its rate
+        updates, lr = jax.tree.map(lambda u: u * factor, updates), lr * factor
     new_params = optax.apply_updates(_without_softmax(state.params), updates)
     table, accumulators = state.params["softmax"], state.opt_state["softmax"]
     if used is None:
         new_params["softmax"], softmax_state = {}, {}
         for k in table:
-            new_params["softmax"][k], softmax_state[k] = _adagrad(
-                table[k], accumulators[k], grads["softmax"][k], hp.learning_rate
-            )
+            new_params["softmax"][k], softmax_state[k] = _adagrad(table[k], accumulators[k], grads["softmax"][k], lr)
     else:
         new_params["softmax"], softmax_state = _sparse_adagrad(
-            table, accumulators, gathered, grads["softmax"], used.rows, hp.learning_rate
+            table, accumulators, gathered, grads["softmax"], used.rows, lr
         )
     return new_params, {"dense": dense_state, "softmax": softmax_state}, grad_norm
 
