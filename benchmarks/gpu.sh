@@ -13,8 +13,13 @@
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs.tgz (with the trace);
-#   - beside each measured train step, `elmo-jax plan`'s estimate of the same compiled program
-#     (throughput.py reads it), and the table of both to $OUT/estimate_vs_measured.txt;
+#   - beside each measured train step, `elmo-jax plan`'s floor and expected step of the same
+#     compiled program (throughput.py reads it), the table of them to
+#     $OUT/estimate_vs_measured.txt, and for each profiled run its measured and expected
+#     milliseconds per kernel class (in the logs: "by kernel class"). Then, on the machine with
+#     the repository's history, refit the plan's rates with this run added (and say in
+#     docs/PERFORMANCE.md which classes moved):
+#       python -m benchmarks.speed.plan_rates --add=$OUT/throughput.jsonl --commit=SHA --date=YYYY-MM-DD
 #   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
 #   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
 #     (benchmarks/speed/recurrence.py) to $OUT/recurrence.txt.
@@ -75,7 +80,8 @@ rm -rf "$dir/train_e2e"
 python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys
 
-print("config | dtype | rows | LSTM schedule | LSTM cell | char CNN | measured ms | estimated ms | measured / estimated")
+print("config | dtype | rows | LSTM schedule | LSTM cell | char CNN | measured ms | floor ms | measured / floor | "
+      "expected ms | measured / expected")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     e = r.get("estimate")
@@ -83,7 +89,8 @@ for line in open(sys.argv[1]):
         print(
             f"{r['config']} | {r['dtype']} | {r['per_device_batch']} | {r['lstm_schedule']} | {r.get('lstm_cell', 'xla')} | "
             f"{r.get('char_conv', 'xla')} | "
-            f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f}"
+            f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f} | "
+            f"{1000 * (e.get('expected_step_s') or float('nan')):.1f} | {e.get('measured_over_expected') or float('nan'):.2f}"
         )
 EOF
 # The device tool brings back at most 8 files: the logs and the first run's trace, packed.

@@ -31,6 +31,9 @@ COMMANDS = {
             "estimate.kernels",
             "estimate.hbm_bytes",
             "estimate.measured_over_estimate",
+            # and its expected step at the H200's measured rates (plan/rates.py)
+            "estimate.expected_step_s",
+            "estimate.measured_over_expected",
         ),
     ),
     "throughput embed": (

@@ -14,7 +14,7 @@ from cli import run_cli
 from elmo_jax.plan import hlo
 from elmo_jax.plan.kernels import Program, bitonic_passes, type_bytes
 from elmo_jax.plan.program import largest_batch
-from elmo_jax.plan.report import wire_bytes
+from elmo_jax.plan.report import large_batch_note, wire_bytes
 from elmo_jax.plan.targets import TARGETS
 
 
@@ -104,6 +104,22 @@ def test_plan_reports_memory_and_a_consistent_estimate(compiled, target, request
     assert plan["step_s"] >= max(plan["compute_floor_s"], plan["memory_floor_s"], plan["launches_s"])
     assert plan["tokens_per_s"] == pytest.approx(B * T / plan["step_s"])
     assert plan["paper_hours"] == pytest.approx(7.69e9 / plan["tokens_per_s"] / 3600)
+    assert (plan["global_batch"], plan["recipe_global_batch"]) == (B, 384)
+    e = plan["expected"]
+    if chip.platform != "cuda":  # no rates measured on a TPU: the floor only, said so
+        assert e is None
+        return
+    # The expected step: each class's floor at the H200's rates, the launches and the step's cost.
+    assert e["step_s"] == pytest.approx(sum(e["by_class_s"].values()) + plan["collectives_s"])
+    assert e["tokens_per_s"] == pytest.approx(B * T / e["step_s"])
+    assert e["rates_from"] == "h200" and not e["borrowed"] and 0 < e["leave_one_out_worst"] <= 0.15
+    assert len(e["furthest_above_floor"]) == 5
+
+
+def test_plan_warns_of_a_global_batch_over_four_times_the_recipes():
+    assert large_batch_note(4 * 384) == []  # 8 GPUs x 192 rows: no note
+    (note,) = large_batch_note(8 * 512)
+    assert note.startswith("note: 4,096 rows a step is 10.7x the paper's 384") and "lr_batch_scaling" in note
 
 
 def test_a_program_larger_than_a_tpu_does_not_fit():
@@ -287,7 +303,7 @@ def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
     """XLA's GPU compiler wraps some loop fusions in fusion-start / fusion-done: one kernel,
     whose bytes are the wrapped fusion's (the slice read and written), not its tuple's."""
     (kernel,) = Program(ASYNC_SLICE).kernels()
-    assert kernel.opcode == "fusion-start" and kernel.runs == 1
+    assert kernel.opcode == "fusion-start" and kernel.runs == 1 and kernel.kind == "elementwise"
     assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
 
 
@@ -308,7 +324,7 @@ def test_a_cublas_matmul_counts_its_flops():
     contracting dimensions are in their backend config): 2 x result elements x contracted size,
     as the dot they replace (on the H200's own program of 2026-12-04, 1.27 of 1.81 TFLOP)."""
     (kernel,) = Program(CUBLAS_MATMUL).kernels()
-    assert kernel.opcode == "custom-call" and kernel.dtype == "bf16"
+    assert kernel.opcode == "custom-call" and kernel.dtype == "bf16" and kernel.kind == "matmul"
     assert kernel.flops == 2 * 512 * 128 * 256
 
 
@@ -338,6 +354,7 @@ def test_a_fusion_that_slices_what_it_computes_reads_only_that_share():
     sums of all filters' gradient, one kernel a filter, each reducing only its block."""
     (kernel,) = Program(REDUCED_SLICE).kernels()
     assert kernel.bytes == 16 * 48 * 64 * 4 + 48 * 64 * 4
+    assert kernel.kind == "reduction"  # its class for the measured rates (plan/rates.py)
 
 
 SORT = """
@@ -371,6 +388,7 @@ def test_a_sort_is_a_kernel_per_pass_of_xlas_bitonic_sort():
     assert [bitonic_passes(n) for n in (1, 4096, 4097, 8192, 8193)] == [1, 1, 3, 3, 6]
     (kernel,) = Program(SORT).kernels()
     assert kernel.runs == 45 and kernel.bytes == 2 * 793_471 * 8  # each pass reads and writes both arrays
+    assert kernel.kind == "sort"
 
 
 def test_a_reduce_scatter_and_an_all_gather_send_what_an_all_reduce_sends():

@@ -86,8 +86,11 @@ def _kernel_names(ops: dict[str, dict]) -> dict[str, str]:
     return {re.sub(r"[.-]", "_", name): name for name in ops}
 
 
-def breakdown(trace_dir: str, hlo_text: str, steps: int, module: str = "train_step", top: int = 15) -> dict:
-    """Device time per step, ops run per step, the top ops by time and each part's share."""
+def breakdown(
+    trace_dir: str, hlo_text: str, steps: int, module: str = "train_step", top: int = 15, target=None
+) -> dict:
+    """Device time per step, ops run per step, the top ops by time, each part's share and the
+    seconds per step of each of the plan's kernel classes (on `target`, a plan Target)."""
     ops = hlo_ops(hlo_text)
     per_op, counts = collections.Counter(), collections.Counter()
     kernels = _kernel_names(ops)
@@ -103,11 +106,16 @@ def breakdown(trace_dir: str, hlo_text: str, steps: int, module: str = "train_st
     parts = collections.Counter()
     for name, seconds in per_op.items():
         parts["lstm loops" if ops[name]["in_recurrent_loop"] else ops[name]["part"]] += seconds
+    classes = collections.Counter()  # by the plan's kernel class (elmo_jax/plan/rates.py), where one is known
+    of_kernel = kernel_classes(hlo_text, target)
+    for name, seconds in per_op.items():
+        classes[of_kernel.get(name, LIBRARY)] += seconds
     return {
         "op_seconds_per_step": total,
         "ops_per_step": sum(counts.values()) / steps,
         "recurrent_loop_ops_per_step": sum(n for name, n in counts.items() if ops[name]["in_recurrent_loop"]) / steps,
         "parts": {part: seconds / total for part, seconds in parts.most_common()},
+        "classes_s": dict(classes.most_common()),
         "top_ops": [
             {
                 "op": name,
@@ -124,6 +132,17 @@ def breakdown(trace_dir: str, hlo_text: str, steps: int, module: str = "train_st
     }
 
 
+def kernel_classes(hlo_text: str, target) -> dict[str, str]:
+    """Each kernel's class among the plan's rate features (elmo_jax/plan/rates.py), by name;
+    {} without a target."""
+    if target is None:
+        return {}
+    from elmo_jax.plan.kernels import Program
+    from elmo_jax.plan.rates import feature_of
+
+    return {k.name: feature_of(k, target) or "collective" for k in Program(hlo_text, target.platform).kernels()}
+
+
 def describe(profile: dict) -> str:
     """The breakdown as text lines."""
     lines = [
@@ -136,4 +155,16 @@ def describe(profile: dict) -> str:
             f"  {op['ms_per_step']:8.3f} ms {100 * op['share']:5.1f}% x{op['calls_per_step']:<4.0f} "
             f"{op['op']} ({op['opcode']}, {'lstm loop' if op['in_recurrent_loop'] else op['part']}): {op['op_name']}"
         )
+    return "\n".join(lines)
+
+
+def by_class(profile: dict, expected_s: dict[str, float]) -> str:
+    """Measured against the plan's expected seconds per kernel class (its launches and the
+    step's fixed cost are not kernels: expected only; library kernels: measured only)."""
+    lines = ["by kernel class: measured / expected ms per step (the plan's rates, elmo_jax/plan/rates.py)"]
+    for name in dict.fromkeys([*expected_s, *profile["classes_s"]]):
+        measured, want = profile["classes_s"].get(name), expected_s.get(name)
+        cells = [f"{1e3 * v:8.3f}" if v is not None else "       -" for v in (measured, want)]
+        ratio = f"{measured / want:6.2f}" if measured and want else "     -"
+        lines.append(f"  {name:16s} {cells[0]} {cells[1]} {ratio}")
     return "\n".join(lines)

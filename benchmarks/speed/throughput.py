@@ -51,6 +51,7 @@ from elmo_jax.host_memory import keep_freed_memory
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.lstm import cell, schedule
 from elmo_jax.model.token_encoder import conv
+from elmo_jax.plan.targets import target
 from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
 from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
@@ -153,7 +154,7 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConf
     chip, None where plan does not know it), beside the measured step time `step_s`."""
     from elmo_jax.plan.program import CompiledStep, memory_of
     from elmo_jax.plan.report import estimate
-    from elmo_jax.plan.targets import for_device_kind, target
+    from elmo_jax.plan.targets import for_device_kind
 
     chip = for_device_kind(device.device_kind) if name == "auto" else target(name)
     if chip is None:
@@ -163,6 +164,7 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConf
     )
     r = estimate(step, chip)
     keys = ("step_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
+    e = r["expected"] or {}
     return {
         "target": chip.name,
         **{key: r[key] for key in keys},
@@ -170,6 +172,9 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConf
         "kernels": r["kernels"]["per_step"],
         "parts": r["parts"],
         "measured_over_estimate": step_s / r["step_s"],
+        "expected_step_s": e.get("step_s"),
+        "expected_by_class_s": e.get("by_class_s"),
+        "measured_over_expected": step_s / e["step_s"] if e else None,
     }
 
 
@@ -291,8 +296,10 @@ def main() -> None:
         program = step_fn.as_text()
         if args.trace_dir:
             Path(trace, "program.hlo").write_text(program)
-        profile = step_profile.breakdown(trace, program, args.profile)
     estimate = plan_estimate(args.plan_target, device, step_fn, B, T, config, step_s)
+    if args.profile:
+        chip = target(estimate["target"]) if estimate else None
+        profile = step_profile.breakdown(trace, program, args.profile, target=chip)
     peak = matmul_peak(DTYPES[args.dtype])
     result = {
         "config": args.config,
@@ -338,8 +345,15 @@ def main() -> None:
             f"launches {1000 * e['launches_s']:.1f} ms; {e['kernels']:,} kernels, {e['hbm_bytes'] / 1e9:.1f} GB), "
             f"{e['tokens_per_sec']:,.0f} tokens/s; measured / estimated {e['measured_over_estimate']:.2f}"
         )
+        if e["expected_step_s"]:
+            print(
+                f"plan's expected step {1000 * e['expected_step_s']:.1f} ms; measured / expected "
+                f"{e['measured_over_expected']:.2f}"
+            )
     if profile:
         print(step_profile.describe(profile))
+        if estimate and estimate["expected_by_class_s"]:
+            print(step_profile.by_class(profile, estimate["expected_by_class_s"]))
     print(json.dumps(result))
 
 

@@ -55,6 +55,11 @@ IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # ops that update operand 
 VIEW_OPS = {"bitcast", "reshape", "get-tuple-element"}
 # Named scopes of the train step (jax.named_scope / the jitted functions' names), by priority.
 PARTS = ("lstm", "token_encoder", "softmax", "sampler", "optimizer")
+# What a kernel does, as far as its achieved rate goes: a collective; our Pallas kernel; a sort
+# (a kernel a pass); one with products (dot, convolution, cuBLAS); one that gathers or scatters; one
+# that reduces; anything else (elementwise fusions, copies, in-place updates), first that applies.
+KINDS = ("collective", "pallas", "sort", "matmul", "gather_scatter", "reduction", "elementwise")
+_GATHER_SCATTER = {"gather", "scatter"}
 
 
 @dataclasses.dataclass
@@ -68,6 +73,7 @@ class Kernel:
     dtype: str  # operand dtype of its matmuls ("" when it has none)
     source: str  # the JAX op it came from
     loop: str = ""  # the body of the innermost while loop it runs in ("" outside loops)
+    kind: str = "elementwise"  # its class (KINDS), for the rates measured per class (plan/rates.py)
 
     def seconds(self, target) -> float:
         """Its floor: the slower of its FLOPs at the target's peak for its dtype and its bytes at
@@ -216,9 +222,37 @@ class Program:
         else:
             scopes = re.split(r"[^a-z0-9_]+|__", source)  # a parameter's name: state_params__token_encoder__...
             part = next((p for p in PARTS if p in scopes), "other")
-        runs *= self._sort_passes(inst)
+        passes = self._sort_passes(inst)
         loop_body = loop.body if loop else ""
-        return Kernel(inst.name, inst.opcode, part, runs, flops, self._bytes(inst), dtype, source, loop_body)
+        kind = self._kind(inst, part, flops, passes)
+        return Kernel(
+            inst.name, inst.opcode, part, runs * passes, flops, self._bytes(inst), dtype, source, loop_body, kind
+        )
+
+    def _kind(self, inst: Instruction, part: str, flops: float, passes: int) -> str:
+        """Its class in KINDS."""
+        if part == "collectives":
+            return "collective"
+        if inst.opcode == "custom-call" and _DECLARED_BYTES.search(inst.attrs):
+            return "pallas"
+        if passes > 1 or inst.opcode == "sort":
+            return "sort"
+        if flops:
+            return "matmul"
+        ops = {inst.opcode} | set().union(*(self._fused_ops(c) for c in inst.called("calls")))
+        if ops & _GATHER_SCATTER:
+            return "gather_scatter"
+        return "reduction" if "reduce" in ops else "elementwise"
+
+    @functools.cache  # noqa: B019
+    def _fused_ops(self, computation: str) -> frozenset[str]:
+        """The opcodes in a fused computation and the ones it calls."""
+        ops = set()
+        for inst in self.computations.get(computation, []):
+            ops.add(inst.opcode)
+            for callee in inst.called("calls"):
+                ops |= self._fused_ops(callee)
+        return frozenset(ops)
 
     def _sort_passes(self, inst: Instruction) -> int:
         """Kernels a sort takes (`bitonic_passes` of its length), 1 for any other instruction."""

@@ -4,12 +4,15 @@ run")."""
 
 from __future__ import annotations
 
-from elmo_jax.plan import hlo
+from elmo_jax.plan import hlo, rates
 from elmo_jax.plan.kernels import Program, summarize, top
 from elmo_jax.plan.program import CompiledEmbed, CompiledStep
 from elmo_jax.plan.targets import Target
+from elmo_jax.settings import RECIPE_GLOBAL_BATCH
 
 PAPER_TOKENS = 7.69e9  # 10 passes over LM1B's 768,648,884 training tokens
+# A global batch above this many times the recipe's is warned about (docs/TRAINING.md, "Batch size").
+LARGE_BATCH_FACTOR = 4
 # Distinct words per token of a chunk of text to embed (21% in benchmarks/speed/allennlp_embed.py's).
 NEW_WORDS_PER_TOKEN = 0.2
 
@@ -40,6 +43,10 @@ def estimate(step: CompiledStep, target: Target) -> dict:
     flops = totals["total"]["flops"]
     compute_s = sum(k.runs * k.flops / target.peak(k.dtype) for k in local if k.flops)
     capacity = target.memory_bytes * target.usable_memory
+    expected = rates.expected(kernels, target, comm_s)
+    if expected is not None:
+        expected["tokens_per_s"] = tokens / expected["step_s"]
+        expected["paper_hours"] = PAPER_TOKENS / expected["tokens_per_s"] / 3600
     return {
         "target": target.name,
         "devices": n,
@@ -75,6 +82,9 @@ def estimate(step: CompiledStep, target: Target) -> dict:
         "step_s": step_s,
         "tokens_per_s": tokens / step_s,
         "paper_hours": PAPER_TOKENS / (tokens / step_s) / 3600,
+        "expected": expected,
+        "global_batch": step.per_device_batch * n,
+        "recipe_global_batch": RECIPE_GLOBAL_BATCH,
         "parts": totals["parts"],
         "top_kernels": top(local, target),
     }
@@ -120,8 +130,13 @@ def describe(result: dict, target: Target) -> list[str]:
         f"{r['compute_floor_s'] * 1e3:.1f} ms, memory {r['memory_floor_s'] * 1e3:.1f} ms, launches "
         f"{r['launches_s'] * 1e3:.1f} ms, collectives {r['collectives_s'] * 1e3:.1f} ms "
         f"({sum(r['collective_bytes'].values()) / 2**20:.0f} MiB)",
-        f"estimated step {r['step_s'] * 1e3:.1f} ms: {r['tokens_per_s']:,.0f} tokens/s; the paper's run "
-        f"({PAPER_TOKENS:.3g} tokens) in {r['paper_hours']:.1f} hours on {r['devices']} device(s)",
+        f"floor step {r['step_s'] * 1e3:.1f} ms (bytes and FLOPs at the peaks, {target.launch_s * 1e6:g} us a launch): "
+        f"{r['tokens_per_s']:,.0f} tokens/s, the paper's run ({PAPER_TOKENS:.3g} tokens) in {r['paper_hours']:.1f} "
+        f"hours",
+        *_expected_lines(r["expected"]),
+        f"those hours: {r['devices']} device(s) at a global batch of {r['global_batch']:,} rows "
+        f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.2g}x the paper's {RECIPE_GLOBAL_BATCH})",
+        *large_batch_note(r["global_batch"]),
         "by part (kernels, GB, estimated ms):",
     ]
     for name, p in r["parts"].items():
@@ -133,6 +148,39 @@ def describe(result: dict, target: Target) -> list[str]:
             f"{t['dtype'] or '-':5s} {t['part']:12s} {t['source'][-70:] or t['name']}"
         )
     return lines
+
+
+def _expected_lines(e: dict | None) -> list[str]:
+    """The expected step, where its rates come from, and the kernels furthest above their floors."""
+    if e is None:
+        return [
+            "expected step: none for this target (no run measured on one, and its compiler's kernels are not a "
+            "GPU's): the floor only"
+        ]
+    source = f"the {e['rates_from'].upper()}'s" + (" (borrowed: none measured on this GPU)" if e["borrowed"] else "")
+    lines = [
+        f"expected step {e['step_s'] * 1e3:.1f} ms: {e['tokens_per_s']:,.0f} tokens/s, the paper's run in "
+        f"{e['paper_hours']:.1f} hours (each kernel class's floor at {source} measured rates, fitted "
+        f"{e['fitted']} on {e['runs']} runs; each run predicted without it within {e['leave_one_out_worst']:.0%})",
+        "furthest above their floors (expected - floor ms, runs, class, part, JAX op):",
+    ]
+    for k in e["furthest_above_floor"]:
+        lines.append(
+            f"  {k['above_floor_s'] * 1e3:7.2f} {k['runs']:4d} {k['kind']:14s} {k['part']:12s} "
+            f"{k['source'][-60:] or k['name']}"
+        )
+    return lines
+
+
+def large_batch_note(global_batch: int) -> list[str]:
+    """A warning line where the global batch is more than LARGE_BATCH_FACTOR x the recipe's."""
+    if global_batch <= LARGE_BATCH_FACTOR * RECIPE_GLOBAL_BATCH:
+        return []
+    return [
+        f"note: {global_batch:,} rows a step is {global_batch / RECIPE_GLOBAL_BATCH:.1f}x the paper's "
+        f"{RECIPE_GLOBAL_BATCH}: per token it learns worse, and these hours are not the paper's result's; "
+        'see docs/TRAINING.md, "Batch size and learning rate" (config.train.lr_batch_scaling)'
+    ]
 
 
 def _scope(source: str) -> str:

@@ -1,0 +1,149 @@
+"""The expected step time: each kernel class's floor scaled by how far above its floor that class
+ran on a real device, fitted to measured step times (docs/PERFORMANCE.md, "How `plan`'s expected
+time is made").
+
+A program's features are, per class (FEATURES), the summed floors of its kernels (a kernel's floor:
+the slower of its FLOPs at the peak and its bytes at the bandwidth, without the launch), its
+kernel launches and 1 (a per-step cost: the batch's transfer, the host's round trip). Its
+expected time is the features times the fitted rates (multipliers of the floors; seconds a launch
+and a step), plus its collectives' floors (no multi-device run has been measured). The rates are
+fitted to measured runs by non-negative least squares on the relative error, each rate held
+towards its prior (PRIORS: the floor itself, the launch and step costs read from a trace) with
+weight PRIOR_WEIGHT, so that a class the runs cannot tell apart stays near what is known of it.
+The measured runs, their features and the fitted rates are kept per target as data
+(elmo_jax/plan/rates_<target>.json), written by `python -m benchmarks.speed.plan_rates`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+
+import numpy as np
+
+from elmo_jax.plan.kernels import Kernel
+
+# A matmul bound by its FLOPs and one bound by its bytes run at different shares of their floors.
+FEATURES = (
+    "matmul_compute",
+    "matmul_memory",
+    "elementwise",
+    "reduction",
+    "gather_scatter",
+    "sort",
+    "pallas",
+    "launches",
+    "step",
+)
+# Floors x 1; 0.65 us a launch (kernels in CUDA graphs, the H200 trace of 2026-12-04); 1.1 ms a
+# step waited for (the same trace: the batch's transfer and the host's round trip).
+PRIORS = {**{f: 1.0 for f in FEATURES}, "launches": 0.65e-6, "step": 1.1e-3}
+PRIOR_WEIGHT = 0.05
+# Targets whose rates were measured on a device of their own; GPUs without borrow the H200's.
+MEASURED_TARGETS = ("h200",)
+
+
+def feature_of(kernel: Kernel, target) -> str | None:
+    """The kernel's class in FEATURES (None for a collective: counted at its floor)."""
+    if kernel.kind == "collective":
+        return None
+    if kernel.kind == "matmul":
+        compute = kernel.flops / target.peak(kernel.dtype)
+        return "matmul_compute" if compute >= kernel.bytes / target.hbm_bytes_per_s else "matmul_memory"
+    return kernel.kind
+
+
+def floor_s(kernel: Kernel, target) -> float:
+    """A kernel's floor without its launch: max(FLOPs / peak, bytes / bandwidth)."""
+    compute = kernel.flops / target.peak(kernel.dtype) if kernel.flops else 0.0
+    return max(compute, kernel.bytes / target.hbm_bytes_per_s)
+
+
+def features(kernels: list[Kernel], target) -> dict[str, float]:
+    """Per class its kernels' floors (seconds, runs included), and launches and 1 step."""
+    x = dict.fromkeys(FEATURES, 0.0)
+    for k in kernels:
+        feature = feature_of(k, target)
+        if feature is not None:
+            x[feature] += k.runs * floor_s(k, target)
+            x["launches"] += k.runs
+    x["step"] = 1.0
+    return x
+
+
+def predict(x: dict[str, float], rates: dict[str, float]) -> float:
+    return sum(x[f] * rates[f] for f in FEATURES)
+
+
+def fit(runs: list[dict]) -> dict[str, float]:
+    """Rates for runs [{"features": {...}, "measured_s": s}, ...]: non-negative least squares of
+    the relative errors, each rate held towards its prior."""
+    from scipy.optimize import nnls
+
+    scale = np.array([PRIORS[f] for f in FEATURES])  # solve for rate / prior: every unknown near 1
+    rows = [[r["features"][f] * s / r["measured_s"] for f, s in zip(FEATURES, scale)] for r in runs]
+    A = np.vstack([np.array(rows), math.sqrt(PRIOR_WEIGHT) * np.eye(len(FEATURES))])
+    b = np.concatenate([np.ones(len(runs)), math.sqrt(PRIOR_WEIGHT) * np.ones(len(FEATURES))])
+    solution, _ = nnls(A, b)
+    return {f: float(v * s) for f, v, s in zip(FEATURES, solution, scale)}
+
+
+def leave_one_out(runs: list[dict]) -> list[dict]:
+    """Each run predicted by the rates fitted on all the others: name, measured, floor (the plan's
+    bytes-and-FLOPs estimate with its launch cost), expected, error (expected / measured - 1)."""
+    table = []
+    for i, run in enumerate(runs):
+        rates = fit(runs[:i] + runs[i + 1 :])
+        expected = predict(run["features"], rates)
+        table.append(
+            {
+                "name": run["name"],
+                "measured_s": run["measured_s"],
+                "floor_s": run["floor_s"],
+                "expected_s": expected,
+                "error": expected / run["measured_s"] - 1,
+            }
+        )
+    return table
+
+
+def table(target_name: str) -> dict | None:
+    """The target's measured runs and fitted rates (rates_<target>.json), None where none."""
+    name = target_name if target_name in MEASURED_TARGETS else None
+    if name is None:
+        return None
+    return json.loads(resources.files("elmo_jax.plan").joinpath(f"rates_{name}.json").read_text())
+
+
+def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None:
+    """The expected step on `target` and where it comes from, or None (a TPU: no rates measured
+    on one, and its compiler's kernels are not a GPU's). A GPU other than the H200 borrows the
+    H200's rates for its own floors."""
+    if target.platform != "cuda":
+        return None
+    data = table(target.name) or table("h200")
+    rates = data["rates"]
+    x = features(kernels, target)
+    by_kernel = sorted(
+        (
+            (k.runs * floor_s(k, target) * (rates[f] - 1.0), k)
+            for k in kernels
+            if (f := feature_of(k, target)) is not None
+        ),
+        key=lambda pair: -pair[0],
+    )
+    worst = max(abs(r["error"]) for r in data["leave_one_out"])
+    return {
+        "step_s": predict(x, rates) + collectives_s,
+        "rates_from": data["target"],
+        "borrowed": data["target"] != target.name,
+        "fitted": data["fitted"],
+        "runs": len(data["runs"]),
+        "leave_one_out_worst": worst,
+        "by_class_s": {f: x[f] * rates[f] for f in FEATURES},
+        "furthest_above_floor": [
+            {"name": k.name, "part": k.part, "kind": k.kind, "runs": k.runs, "above_floor_s": extra, "source": k.source}
+            for extra, k in by_kernel[:5]
+        ],
+    }

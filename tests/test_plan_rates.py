@@ -1,0 +1,64 @@
+"""`plan`'s expected time: the rates per kernel class fitted to the H200 step times measured
+(elmo_jax/plan/rates_h200.json, written by benchmarks/speed/plan_rates.py) are what fitting the
+stored runs gives, each run is predicted within 15% by the rates fitted without it, and
+docs/PERFORMANCE.md shows that table as the data says. No device and no compiler needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.speed.plan_rates import markdown
+from elmo_jax.plan.kernels import Kernel
+from elmo_jax.plan.rates import FEATURES, expected, features, fit, leave_one_out, table
+from elmo_jax.plan.targets import target
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return table("h200")
+
+
+def test_the_stored_rates_are_the_fit_of_the_stored_runs(h200):
+    assert len(h200["runs"]) >= 10 and len({r["run"]["date"] for r in h200["runs"]}) >= 2
+    rates = fit(h200["runs"])
+    assert rates == pytest.approx(h200["rates"], rel=1e-6)
+    assert set(rates) == set(FEATURES) and all(v >= 0 for v in rates.values())
+
+
+def test_each_measured_run_is_predicted_within_15_percent_without_it(h200):
+    loo = leave_one_out(h200["runs"])
+    assert [r["error"] for r in loo] == pytest.approx([r["error"] for r in h200["leave_one_out"]], abs=1e-6)
+    assert max(abs(r["error"]) for r in loo) <= 0.15
+    # The floor alone, for comparison, is 25-40% under every measured step.
+    assert all(r["floor_s"] < 0.8 * r["measured_s"] for r in loo)
+
+
+def test_the_documented_table_is_the_stored_one(h200):
+    assert markdown(h200["leave_one_out"]) in DOCS.read_text()
+
+
+def _kernel(kind: str, flops: float, bytes: float, runs: int = 1) -> Kernel:
+    return Kernel("k", "fusion", "lstm", runs, flops, bytes, "bf16" if flops else "", "src", kind=kind)
+
+
+def test_a_matmul_is_counted_by_what_bounds_its_floor():
+    """A matmul whose FLOPs take longer than its bytes at the peaks is compute-bound, else
+    memory-bound; a collective is left out (its floor is added as it is)."""
+    h200 = target("h200")
+    compute = _kernel("matmul", 989e12 * 1e-3, 4.8e12 * 1e-4)  # 1 ms of FLOPs, 0.1 ms of bytes
+    memory = _kernel("matmul", 989e12 * 1e-4, 4.8e12 * 1e-3, runs=3)
+    x = features([compute, memory, _kernel("collective", 0, 1e9), _kernel("reduction", 0, 4.8e9)], h200)
+    assert x["matmul_compute"] == pytest.approx(1e-3) and x["matmul_memory"] == pytest.approx(3e-3)
+    assert x["reduction"] == pytest.approx(1e-3) and x["launches"] == 5 and x["step"] == 1
+
+
+def test_no_expected_time_where_none_was_measured_on_its_kind():
+    """A TPU gets none (its compiler's kernels are not a GPU's); an H100 the H200's rates, said so."""
+    kernels = [_kernel("elementwise", 0, 1e9)]
+    assert expected(kernels, target("v5e"), 0.0) is None
+    h100 = expected(kernels, target("h100"), 0.0)
+    assert h100["borrowed"] and h100["rates_from"] == "h200"
