@@ -109,7 +109,7 @@ def breakdown(
     classes = collections.Counter()  # by the plan's kernel class (elmo_jax/plan/rates.py), where one is known
     of_kernel = kernel_classes(hlo_text, target)
     for name, seconds in per_op.items():
-        classes[of_kernel.get(name, LIBRARY)] += seconds
+        classes[of_kernel.get(name, (LIBRARY, None))[0]] += seconds
     return {
         "op_seconds_per_step": total,
         "ops_per_step": sum(counts.values()) / steps,
@@ -126,21 +126,29 @@ def breakdown(
                 "share": seconds / total,
                 "calls_per_step": counts[name] / steps,
                 "op_name": ops[name]["op_name"][-120:],
+                "expected_ms_per_step": 1e3 * of_kernel[name][1] if of_kernel.get(name, ("", None))[1] else None,
             }
             for name, seconds in per_op.most_common(top)
         ],
     }
 
 
-def kernel_classes(hlo_text: str, target) -> dict[str, str]:
-    """Each kernel's class among the plan's rate features (elmo_jax/plan/rates.py), by name;
-    {} without a target."""
+def kernel_classes(hlo_text: str, target) -> dict[str, tuple[str, float | None]]:
+    """Each kernel's class among the plan's rate features (elmo_jax/plan/rates.py) and its
+    expected seconds per step (its floor at its class's rate, and its launches), by name; {}
+    without a target."""
     if target is None:
         return {}
     from elmo_jax.plan.kernels import Program
-    from elmo_jax.plan.rates import feature_of
+    from elmo_jax.plan.rates import feature_of, floor_s, table
 
-    return {k.name: feature_of(k, target) or "collective" for k in Program(hlo_text, target.platform).kernels()}
+    rates = (table(target.name) or table("h200"))["rates"]
+    classes = {}
+    for k in Program(hlo_text, target.platform).kernels():
+        feature = feature_of(k, target)
+        seconds = k.runs * (floor_s(k, target) * rates[feature] + rates["launches"]) if feature else None
+        classes[k.name] = (feature or "collective", seconds)
+    return classes
 
 
 def describe(profile: dict) -> str:
@@ -153,7 +161,9 @@ def describe(profile: dict) -> str:
     for op in profile["top_ops"]:
         lines.append(
             f"  {op['ms_per_step']:8.3f} ms {100 * op['share']:5.1f}% x{op['calls_per_step']:<4.0f} "
-            f"{op['op']} ({op['opcode']}, {'lstm loop' if op['in_recurrent_loop'] else op['part']}): {op['op_name']}"
+            f"{op['op']} ({op['opcode']}, {'lstm loop' if op['in_recurrent_loop'] else op['part']}"
+            + (f"; expected {op['expected_ms_per_step']:.3f} ms" if op.get("expected_ms_per_step") else "")
+            + f"): {op['op_name']}"
         )
     return "\n".join(lines)
 
