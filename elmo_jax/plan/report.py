@@ -135,7 +135,7 @@ def describe(result: dict, target: Target) -> list[str]:
         f"hours",
         *_expected_lines(r["expected"]),
         f"those hours: {r['devices']} device(s) at a global batch of {r['global_batch']:,} rows "
-        f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.2g}x the paper's {RECIPE_GLOBAL_BATCH})",
+        f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.1f}x the paper's {RECIPE_GLOBAL_BATCH})",
         *large_batch_note(r["global_batch"]),
         "by part (kernels, GB, estimated ms):",
     ]
