@@ -11,9 +11,10 @@ Each run is `launch.py train --config=experiments/cpu_peer.py` on one device at 
 lr_batch_scaling with lr_reference_batch = --reference rows, the recipe's batch in this study),
 learning rate --lr, --epochs passes over the text, evaluated on the whole held-out text every
 --eval_tokens training tokens (so at the same tokens for every batch) and at the end. Prints
-markdown tables (per run; per setting: median and range over seeds), writes OUT/results.json
-(runs already there are not run again) and OUT/batch_size.png (held-out perplexity against
-training tokens, the median of each setting's seeds).
+markdown tables (per run; per setting: median and range over seeds, and how many LMs came apart,
+a full softmax worse than a uniform guess, with the median of the others), writes
+OUT/results.json (runs already there are not run again) and OUT/batch_size.png (held-out
+perplexity against training tokens, the median of each setting's LMs, and the share come apart).
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ def main() -> None:
             if key not in results:
                 results[key] = run(args, vocab, spec, seed)
                 results_path.write_text(json.dumps(results, indent=1) + "\n")
-    report(results)
-    plot(results, args.out / "batch_size.png")
+    vocab_size = len(vocab.read_text().splitlines())
+    report(results, vocab_size)
+    plot(results, vocab_size, args.out / "batch_size.png")
 
 
 def settings_of(results: dict) -> dict[str, list[dict]]:
@@ -126,44 +128,72 @@ def settings_of(results: dict) -> dict[str, list[dict]]:
     return by_setting
 
 
-def report(results: dict) -> None:
+def lms(runs: list[dict], at: int | None = None) -> list[float]:
+    """The held-out perplexities of every LM (forward and backward of each seed): at the end, or
+    at the `at`-th evaluation of each run."""
+    if at is None:
+        return [r[f] for r in runs for f in ("forward_perplexity", "backward_perplexity")]
+    return [r["curve"][at][column] for r in runs for column in (1, 2)]
+
+
+def came_apart(perplexity: float, vocab_size: int) -> bool:
+    """Worse than a uniform guess over the vocabulary (or not finite): a full softmax that has come
+    apart (docs/BILM_TF_COMPARISON.md), not a slow learner."""
+    return not perplexity < vocab_size
+
+
+def report(results: dict, vocab_size: int) -> None:
     print("| rows:rule | seed | tokens | forward | backward | average |")
     print("|---|---|---|---|---|---|")
     for key, r in results.items():
         spec, seed = key.split(" seed=")
         print(
-            f"| {spec} | {seed} | {r['train_tokens']:,} | {r['forward_perplexity']:.1f} | "
-            f"{r['backward_perplexity']:.1f} | {r['perplexity']:.1f} |"
+            f"| {spec} | {seed} | {r['train_tokens']:,} | {r['forward_perplexity']:,.1f} | "
+            f"{r['backward_perplexity']:,.1f} | {r['perplexity']:,.1f} |"
         )
     print()
-    print("| rows:rule | seeds | forward median (range) | backward median (range) | average median (range) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| rows:rule | seeds | forward median (range) | backward median (range) | average median | LMs come apart "
+        "| the others: median (range) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for spec, runs in settings_of(results).items():
         cells = []
-        for field in ("forward_perplexity", "backward_perplexity", "perplexity"):
+        for field in ("forward_perplexity", "backward_perplexity"):
             values = [r[field] for r in runs]
-            cells.append(f"{statistics.median(values):.1f} ({min(values):.1f} - {max(values):.1f})")
+            cells.append(f"{statistics.median(values):,.1f} ({min(values):,.1f} - {max(values):,.1f})")
+        cells.append(f"{statistics.median(r['perplexity'] for r in runs):,.1f}")
+        every = lms(runs)
+        sound = [v for v in every if not came_apart(v, vocab_size)]
+        cells.append(f"{len(every) - len(sound)} of {len(every)}")
+        cells.append(f"{statistics.median(sound):.1f} ({min(sound):.1f} - {max(sound):.1f})" if sound else "-")
         print(f"| {spec} | {len(runs)} | " + " | ".join(cells) + " |")
 
 
-def plot(results: dict, output: Path) -> None:
-    """Each setting's median held-out perplexity (average of both LMs) against training tokens."""
+def plot(results: dict, vocab_size: int, output: Path) -> None:
+    """Per setting, against training tokens: the median held-out perplexity of its LMs (both
+    directions of every seed), and the share of them that have come apart."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     for spec, runs in settings_of(results).items():
         n = min(len(r["curve"]) for r in runs)
+        if n == 0:
+            continue
         tokens = [runs[0]["curve"][i][0] for i in range(n)]
-        for ax, column, title in ((axes[0], 1, "forward LM"), (axes[1], 2, "backward LM")):
-            median = [statistics.median(r["curve"][i][column] for r in runs) for i in range(n)]
-            ax.plot(tokens, median, marker=".", label=f"{spec} (n={len(runs)})")
-            ax.set_title(f"held-out perplexity, {title} (median over seeds)")
-    for ax in axes:
+        median = [statistics.median(lms(runs, i)) for i in range(n)]
+        apart = [sum(came_apart(v, vocab_size) for v in lms(runs, i)) / (2 * len(runs)) for i in range(n)]
+        (line,) = left.plot(tokens, median, marker=".", label=f"{spec} ({len(runs)} seeds)")
+        right.plot(tokens, apart, marker=".", color=line.get_color(), label=spec)
+    left.set_title("held-out perplexity (full softmax): median of forward and backward LMs over seeds")
+    left.set_yscale("log")
+    right.set_title(f"share of LMs come apart (perplexity > {vocab_size:,}, the vocabulary)")
+    right.set_ylim(-0.02, 1.02)
+    for ax in (left, right):
         ax.set_xlabel("training tokens")
-        ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
