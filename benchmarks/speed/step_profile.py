@@ -140,13 +140,13 @@ def kernel_classes(hlo_text: str, target) -> dict[str, tuple[str, float | None]]
     if target is None:
         return {}
     from elmo_jax.plan.kernels import Program
-    from elmo_jax.plan.rates import feature_of, floor_s, table
+    from elmo_jax.plan.rates import feature_of, table
 
     rates = (table(target.name) or table("h200"))["rates"]
     classes = {}
     for k in Program(hlo_text, target.platform).kernels():
         feature = feature_of(k, target)
-        seconds = k.runs * (floor_s(k, target) * rates[feature] + rates["launches"]) if feature else None
+        seconds = k.runs * (k.floor(target) * rates[feature] + rates["launches"]) if feature else None
         classes[k.name] = (feature or "collective", seconds)
     return classes
 

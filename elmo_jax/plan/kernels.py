@@ -75,11 +75,15 @@ class Kernel:
     loop: str = ""  # the body of the innermost while loop it runs in ("" outside loops)
     kind: str = "elementwise"  # its class (KINDS), for the rates measured per class (plan/rates.py)
 
-    def seconds(self, target) -> float:
-        """Its floor: the slower of its FLOPs at the target's peak for its dtype and its bytes at
-        the target's memory bandwidth, plus one launch."""
+    def floor(self, target) -> float:
+        """The slower of its FLOPs at the target's peak for its dtype and its bytes at the
+        target's memory bandwidth."""
         compute = self.flops / target.peak(self.dtype) if self.flops else 0.0
-        return max(compute, self.bytes / target.hbm_bytes_per_s) + target.launch_s
+        return max(compute, self.bytes / target.hbm_bytes_per_s)
+
+    def seconds(self, target) -> float:
+        """Its floor, plus one launch."""
+        return self.floor(target) + target.launch_s
 
 
 SORT_TILE = 4096  # elements XLA's GPU sort merges in shared memory: 1024 threads x 4 (its sort emitter)

@@ -2,7 +2,7 @@
 ran on a real device, fitted to measured step times (docs/PERFORMANCE.md, "How `plan`'s expected
 time is made").
 
-A program's features are, per class (FEATURES), the summed floors of its kernels (a kernel's floor:
+A program's features are, per class (FEATURES), the summed floors of its kernels (`Kernel.floor`:
 the slower of its FLOPs at the peak and its bytes at the bandwidth, without the launch), its
 kernel launches and 1 (a per-step cost: the batch's transfer, the host's round trip). Its
 expected time is the features times the fitted rates (multipliers of the floors; seconds a launch
@@ -54,19 +54,13 @@ def feature_of(kernel: Kernel, target) -> str | None:
     return kernel.kind
 
 
-def floor_s(kernel: Kernel, target) -> float:
-    """A kernel's floor without its launch: max(FLOPs / peak, bytes / bandwidth)."""
-    compute = kernel.flops / target.peak(kernel.dtype) if kernel.flops else 0.0
-    return max(compute, kernel.bytes / target.hbm_bytes_per_s)
-
-
 def features(kernels: list[Kernel], target) -> dict[str, float]:
     """Per class its kernels' floors (seconds, runs included), and launches and 1 step."""
     x = dict.fromkeys(FEATURES, 0.0)
     for k in kernels:
         feature = feature_of(k, target)
         if feature is not None:
-            x[feature] += k.runs * floor_s(k, target)
+            x[feature] += k.runs * k.floor(target)
             x["launches"] += k.runs
     x["step"] = 1.0
     return x
@@ -110,10 +104,9 @@ def leave_one_out(runs: list[dict]) -> list[dict]:
 
 def table(target_name: str) -> dict | None:
     """The target's measured runs and fitted rates (rates_<target>.json), None where none."""
-    name = target_name if target_name in MEASURED_TARGETS else None
-    if name is None:
+    if target_name not in MEASURED_TARGETS:
         return None
-    return json.loads(resources.files("elmo_jax.plan").joinpath(f"rates_{name}.json").read_text())
+    return json.loads(resources.files("elmo_jax.plan").joinpath(f"rates_{target_name}.json").read_text())
 
 
 def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None:
@@ -126,11 +119,7 @@ def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None
     rates = data["rates"]
     x = features(kernels, target)
     by_kernel = sorted(
-        (
-            (k.runs * floor_s(k, target) * (rates[f] - 1.0), k)
-            for k in kernels
-            if (f := feature_of(k, target)) is not None
-        ),
+        ((k.runs * k.floor(target) * (rates[f] - 1.0), k) for k in kernels if (f := feature_of(k, target)) is not None),
         key=lambda pair: -pair[0],
     )
     worst = max(abs(r["error"]) for r in data["leave_one_out"])
