@@ -14,7 +14,7 @@ from typing import Any
 
 from elmo_jax import strict_json
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.settings import BOOL, POSITIVE, Rule, TrainSettings, count, one_of, rule
+from elmo_jax.settings import BOOL, POSITIVE, ComputeSettings, Rule, count, names, one_of, rule
 
 ACTIVATIONS = ("relu", "tanh")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
@@ -57,18 +57,13 @@ class CharCNNConfig:
         return sum(count for _, count in self.filters)
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The model's options, plus how it computes (not part of options.json; the train settings of
-    the same names say what they may be and mean)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(ComputeSettings):
+    """The model's options (keywords `lstm`, `char_cnn`), plus how it computes: the fields of
+    `ComputeSettings`, declared there with what they may be (not part of options.json)."""
 
     lstm: LSTMConfig
     char_cnn: CharCNNConfig
-    compute_dtype: str = TrainSettings.compute_dtype
-    lstm_schedule: str = TrainSettings.lstm_schedule
-    lstm_cell: str = TrainSettings.lstm_cell
-    char_conv: str = TrainSettings.char_conv
-    scan_unroll: int = TrainSettings.scan_unroll
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
@@ -109,8 +104,8 @@ class ModelConfig:
                     f"{source}: filter width {width} exceeds "
                     f"max_characters_per_token {self.char_cnn.max_characters_per_token}"
                 )
-        for name in ("compute_dtype", "lstm_schedule", "lstm_cell", "char_conv", "scan_unroll"):
-            value, allowed = getattr(self, name), rule(TrainSettings, name)
+        for name in names(ComputeSettings):
+            value, allowed = getattr(self, name), rule(ComputeSettings, name)
             if not allowed.ok(value):
                 raise UserError(f"{source}: {name} {value!r} is not {allowed.allowed}")
         if self.lstm_cell == "pallas" and (self.lstm_schedule != "wavefront" or self.lstm.n_layers < 2):

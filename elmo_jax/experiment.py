@@ -19,14 +19,14 @@ import ml_collections
 from elmo_jax import settings
 from elmo_jax.config import PUBLISHED_OPTIONS, ModelConfig
 from elmo_jax.errors import UserError
-from elmo_jax.settings import DataSettings, TrainSettings
+from elmo_jax.settings import ComputeSettings, DataSettings, TrainSettings
 
 
 def base_config(model_options: dict) -> ml_collections.ConfigDict:
     """Defaults: the original bilm-tf recipe on the built-in demo corpus. Experiments override."""
     config = ml_collections.ConfigDict()
     config.model = ml_collections.ConfigDict(model_options)
-    config.train = ml_collections.ConfigDict(settings.defaults(TrainSettings))
+    config.train = ml_collections.ConfigDict({**settings.defaults(TrainSettings), **settings.defaults(ComputeSettings)})
     config.data = ml_collections.ConfigDict(settings.defaults(DataSettings))
     config.lock()
     return config
@@ -78,15 +78,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model = ModelConfig.from_options(config.model.to_dict(), source="config.model")
-    t = config.train
-    model = dataclasses.replace(
-        model,
-        compute_dtype=t.compute_dtype,
-        lstm_schedule=t.lstm_schedule,
-        lstm_cell=t.lstm_cell,
-        char_conv=t.char_conv,
-        scan_unroll=t.scan_unroll,
-    )
+    model = dataclasses.replace(model, **{name: config.train[name] for name in settings.names(ComputeSettings)})
     model.validate("config.train")
     return model
 

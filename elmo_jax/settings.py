@@ -68,14 +68,10 @@ def setting(default: Any, rule: Rule, help: str) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainSettings:
-    """config.train: the recipe (bilm-tf's, docs/MODEL.md section 5), how the step computes, and
-    the loop's cadence."""
+class ComputeSettings:
+    """config.train's settings of how the model computes (the same numbers, or within the
+    compute dtype's rounding): the model reads them from `ModelConfig`, which extends this."""
 
-    per_device_batch_size: int = setting(
-        128, count(1), "rows per step per device (bilm-tf's batch_size, per GPU); the global batch is this x devices"
-    )
-    devices: int = setting(0, count(0), "devices in the data-parallel mesh; 0 = all (of all processes)")
     compute_dtype: str = setting(
         "float32", one_of(COMPUTE_DTYPES), "the matmuls' operands; params, cell state and log-sum-exps stay float32"
     )
@@ -96,6 +92,18 @@ class TrainSettings:
         "the training step's char CNN convolutions and max over positions: xla (one matmul, its result in device "
         "memory) or pallas (our Triton kernels: the result stays on chip; GPUs only); auto: pallas on GPUs, else xla",
     )
+    scan_unroll: int = setting(1, count(1), "unroll of the LSTM time loop (the same numbers either way)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """config.train: the recipe (bilm-tf's, docs/MODEL.md section 5), the step's layout over
+    devices, and the loop's cadence (how the model computes: `ComputeSettings`)."""
+
+    per_device_batch_size: int = setting(
+        128, count(1), "rows per step per device (bilm-tf's batch_size, per GPU); the global batch is this x devices"
+    )
+    devices: int = setting(0, count(0), "devices in the data-parallel mesh; 0 = all (of all processes)")
     shard_softmax: bool = setting(False, BOOL, "shard the softmax table by rows over the devices (huge vocabularies)")
     unroll_steps: int = setting(20, count(1), "the window T: time steps per row and step")
     sample_softmax: bool = setting(True, BOOL, "the sampled softmax; false: the full softmax over the whole vocabulary")
@@ -121,7 +129,6 @@ class TrainSettings:
     n_epochs: float = setting(10.0, POSITIVE, "passes over the training data; the run's length derives from it")
     max_steps: int = setting(0, count(0), "> 0 caps the run at this many steps")
     seed: int = setting(0, count(0), "the params' initialisation, the data's shuffle and the dropout")
-    scan_unroll: int = setting(1, count(1), "unroll of the LSTM time loop (the same numbers either way)")
     log_every: int = setting(100, count(1), "steps per logged window (metrics.jsonl, TensorBoard)")
     eval_every: int = setting(1000, count(0), "steps between held-out evaluations; 0 = only at the end")
     eval_sentences: int = setting(2000, count(0), "sentences per periodic evaluation; 0 = all")
@@ -195,12 +202,13 @@ class DataSettings:
     )
 
 
-SECTIONS = {"train": TrainSettings, "data": DataSettings}
+# A config section's settings, in the order `help_lines` lists them.
+SECTIONS: dict[str, tuple[type, ...]] = {"train": (TrainSettings, ComputeSettings), "data": (DataSettings,)}
 
 
 def declared(section: type) -> list[dataclasses.Field]:
-    """The settings of a section (TrainSettings or DataSettings), in declaration order: its
-    fields with a Rule (not the data-decided n_tokens_vocab)."""
+    """The settings of a settings class (TrainSettings, ComputeSettings, DataSettings), in
+    declaration order: its fields with a Rule (not the data-decided n_tokens_vocab)."""
     return [f for f in dataclasses.fields(section) if "rule" in f.metadata]
 
 
@@ -219,7 +227,7 @@ def defaults(section: type) -> dict[str, Any]:
 def check(name: str, values: Mapping[str, Any]) -> None:
     """Every setting of section `name` ("train" or "data") in `values` within its Rule: raises
     UserError naming the key, the value and what it may be."""
-    for field in declared(SECTIONS[name]):
+    for field in (f for section in SECTIONS[name] for f in declared(section)):
         allowed, value = field.metadata["rule"], values.get(field.name)
         if not allowed.ok(value):
             raise UserError(f"config.{name}.{field.name}={value!r}: must be {allowed.allowed}")
@@ -228,8 +236,8 @@ def check(name: str, values: Mapping[str, Any]) -> None:
 def help_lines(width: int) -> list[str]:
     """`  train.learning_rate=0.2  Adagrad's learning rate` for every setting, wrapped to `width`."""
     lines = []
-    for name, section in SECTIONS.items():
-        for field in declared(section):
+    for name, sections in SECTIONS.items():
+        for field in (f for section in sections for f in declared(section)):
             key = f"{name}.{field.name}={json.dumps(field.default)}"
             text = textwrap.wrap(field.metadata["help"], width - 40)
             lines += [f"  {key:36s}  {text[0]}"] + [" " * 40 + t for t in text[1:]]

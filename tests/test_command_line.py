@@ -34,7 +34,7 @@ def test_help_lists_the_commands_and_every_flag_of_each():
     train_help = run_cli(["train", "--help"]).stdout
     assert "packaged experiments: cpu_peer, demo," in train_help
     for section, declared in settings.SECTIONS.items():  # every setting, its value in the base recipe
-        for name, value in settings.defaults(declared).items():
+        for name, value in {k: v for cls in declared for k, v in settings.defaults(cls).items()}.items():
             assert f"  {section}.{name}={json.dumps(value)} " in train_help, (section, name)
 
 

@@ -9,16 +9,11 @@ from float32_tolerance import BFLOAT16_EPS, EPS, assert_within_rounding, value_a
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_jax.model.lstm import (
     LSTMState,
-    _Clips,
-    _Stack,
-    _wave_forward,
-    _wavefront,
     cell,
     dropout_keep_masks,
     input_gates,
     lstm_stacks,
     split_input_weights,
-    with_bias,
 )
 
 RATE = 0.3
@@ -79,8 +74,17 @@ def numpy_stacks(params, x_DBTP, mask_BT, h0, c0, config, keep):
 
 def small_config(n_layers, skip):
     return ModelConfig(
-        LSTMConfig(8, 4, n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip),
-        CharCNNConfig(4, ((1, 4),), 0, 262, 10, "relu"),
+        lstm=LSTMConfig(
+            dim=8, projection_dim=4, n_layers=n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip
+        ),
+        char_cnn=CharCNNConfig(
+            embedding_dim=4,
+            filters=((1, 4),),
+            n_highway=0,
+            n_characters=262,
+            max_characters_per_token=10,
+            activation="relu",
+        ),
     )
 
 
@@ -173,37 +177,24 @@ def test_split_weights_give_the_same_layers_in_loops_of_one_layer():
             lstm_stacks(split, x, mask, state, dataclasses.replace(config, lstm_schedule=schedule), reset_BT=reset_BT)
 
 
-GRADIENTS = ["W_0", "B", "W_P_0", "x", "h0", "c0"]
-
-
-def _custom_and_autodiff(n_layers: int, skip: bool, dtype: str):
-    """The wavefront's gradient function, autodiff's of the same forward loop, their args and
-    the output weights of the loss sum(weights * outputs)."""
+def _custom_and_autodiff(n_layers: int, skip: bool):
+    """The wavefront's gradient function (its hand-written VJP), autodiff's of the same forward
+    loop (lstm_stacks with reset_BT, never True here, is differentiated by JAX), their args
+    (params, x, state) and the output weights of the loss sum(weights * outputs)."""
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=2)
-    cfg = config.lstm
-    st = _Stack(_Clips(cfg.cell_clip, cfg.proj_clip), skip, RATE, 1, dtype, "xla")
-    stacked = [
-        np.stack([params[f"layer_{layer}"][name] for layer in range(n_layers)]) for name in ("W_0", "B", "W_P_0")
-    ]
-    keep_upper = None if n_layers == 1 else keep[1:n_layers]
-    h0, c0 = np.swapaxes(state.h, 0, 1), np.swapaxes(state.c, 0, 1)
+    config = dataclasses.replace(config, lstm_schedule="wavefront", lstm_cell="xla")
     rng = np.random.default_rng(3)
-    outputs = _wavefront(with_bias(*stacked[:2]), stacked[2], x, mask, keep_upper, h0, c0, st)
-    weights = [rng.normal(size=a.shape).astype(np.float32) for a in outputs]
+    out, new = lstm_stacks(params, x, mask, state, config, keep, RATE)
+    weights = [rng.normal(size=a.shape).astype(np.float32) for a in (out, new.h, new.c)]
 
-    def loss(layers):
-        def f(weights, W_0, b, W_p, x, h0, c0):
-            return sum(jnp.sum(w * y) for w, y in zip(weights, layers(W_0, b, W_p, x, mask, keep_upper, h0, c0)))
+    def loss(reset_BT):
+        def f(weights, params, x, state):
+            out, new = lstm_stacks(params, x, mask, state, config, keep, RATE, reset_BT=reset_BT)
+            return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
 
-        return jax.jit(jax.grad(f, argnums=tuple(range(1, 7))))
+        return jax.jit(jax.grad(f, argnums=(1, 2, 3)))
 
-    def autodiff(*args):
-        return _wave_forward(*args, st, residuals=False)[0]
-
-    def custom(W_0, b, *args):
-        return _wavefront(with_bias(W_0, b), *args, st)
-
-    return loss(custom), loss(autodiff), (*stacked, x, h0, c0), weights
+    return loss(None), loss(np.zeros(mask.shape, bool)), (params, x, state), weights
 
 
 @pytest.mark.parametrize("n_layers, skip", [(1, False), (3, True)])
@@ -211,12 +202,14 @@ def test_hand_written_gradient_equals_autodiff_of_the_loop(n_layers, skip):
     """The wavefront's custom VJP against JAX's own derivative of the same forward loop, with
     both clips firing, masked steps, dropout between layers, the residual, and gradients
     flowing into every layer's outputs and the final state."""
-    custom, reference, args, weights = _custom_and_autodiff(n_layers, skip, "float32")
+    custom, reference, args, weights = _custom_and_autodiff(n_layers, skip)
     # Both run the same forward pass: they differ by the rounding of the backward pass, which
     # moving the output gradients (the weights) by a float32 spacing measures.
     want, spread = value_and_rounding_spread(lambda weights: reference(weights, *args), (weights,))
     got = custom(weights, *args)
-    for name, g, w, s in zip(GRADIENTS, got, want, spread):
+    named = jax.tree_util.tree_flatten_with_path(want)[0]
+    for (path, w), g, s in zip(named, jax.tree.leaves(got), jax.tree.leaves(spread), strict=True):
+        name = jax.tree_util.keystr(path)
         assert np.abs(w).max() > 0.1, name
         assert_within_rounding(g, w, s, name)
 
@@ -227,31 +220,41 @@ def test_bfloat16_gradient_is_float32s_within_bfloat16_rounding():
     the weight gradients' matmuls (the bias gradient one more row of W_0's). At weights of
     a trained model's scale (no gate saturated, clips rarely firing), every gradient stays within
     1% (root mean square, relative) of float32's, and within 2x the error of autodiff's bfloat16
-    gradient, which keeps all of these in float32 (on this CPU 0.43-0.60% against 0.31-0.75%,
-    the bias's worst, as XLA on CPU rounds its gradient matmul's result to bfloat16)."""
+    gradient (lstm_stacks with reset_BT), which keeps all of these in float32 (XLA on CPU rounds
+    the bias's gradient matmul's result to bfloat16 there)."""
     rng = np.random.default_rng(0)
     L, B, T, C, P = 2, 32, 20, 256, 64
     normal = lambda scale, *shape: np.asarray(rng.normal(0, scale, shape), np.float32)  # noqa: E731
-    args = (normal(0.08, L, 2, 2 * P, 4 * C), normal(0.1, L, 2, 4 * C), normal(0.08, L, 2, C, P), normal(1, 2, B, T, P))
-    mask, h0, c0 = np.ones((B, T), bool), np.zeros((L, 2, B, P), np.float32), np.zeros((L, 2, B, C), np.float32)
-    weights = [normal(1, L, 2, B, T, P), normal(1, L, 2, B, P), normal(1, L, 2, B, C)]
+    W_0, b, W_p, x = (
+        normal(0.08, L, 2, 2 * P, 4 * C),
+        normal(0.1, L, 2, 4 * C),
+        normal(0.08, L, 2, C, P),
+        normal(1, 2, B, T, P),
+    )
+    params = {f"layer_{l}": {"W_0": W_0[l], "B": b[l], "W_P_0": W_p[l]} for l in range(L)}
+    mask, state = (
+        np.ones((B, T), bool),
+        LSTMState(np.zeros((2, L, B, P), np.float32), np.zeros((2, L, B, C), np.float32)),
+    )
+    weights = [normal(1, L, 2, B, T, P), normal(1, 2, L, B, P), normal(1, 2, L, B, C)]
+    lstm = LSTMConfig(dim=C, projection_dim=P, n_layers=L, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True)
+    config = dataclasses.replace(small_config(L, True), lstm=lstm, lstm_schedule="wavefront", lstm_cell="xla")
 
-    def gradient(dtype, residuals=True):
-        st = _Stack(_Clips(3.0, 3.0), True, 0.0, 1, dtype, "xla")
-        if residuals:
-            layers = lambda W_0, b, *a: _wavefront(with_bias(W_0, b), *a)  # noqa: E731
-        else:
-            layers = lambda *a: _wave_forward(*a, residuals=False)[0]  # noqa: E731
+    def gradient(dtype, reset_BT=None):
+        def loss(params, x):
+            out, new = lstm_stacks(
+                params, x, mask, state, dataclasses.replace(config, compute_dtype=dtype), reset_BT=reset_BT
+            )
+            return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
 
-        def loss(W_0, b, W_p, x):
-            return sum(jnp.sum(w * y) for w, y in zip(weights, layers(W_0, b, W_p, x, mask, None, h0, c0, st)))
-
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(*args)
+        d_params, d_x = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+        stacked = [np.stack([d_params[f"layer_{l}"][name] for l in range(L)]) for name in ("W_0", "B", "W_P_0")]
+        return [*stacked, d_x]
 
     def error(got, want):
         return np.sqrt(np.mean((np.asarray(got) - want) ** 2) / np.mean(np.asarray(want) ** 2))
 
-    truth, autodiff = gradient("float32"), gradient("bfloat16", residuals=False)
+    truth, autodiff = gradient("float32"), gradient("bfloat16", reset_BT=np.zeros((B, T), bool))
     for name, g, want, a in zip(["W_0", "B", "W_P_0", "x"], gradient("bfloat16"), truth, autodiff):
         assert g.dtype == np.float32, name
         assert error(g, want) < 0.01 and error(g, want) < 2 * error(a, want), (name, error(g, want), error(a, want))
@@ -356,7 +359,10 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
 
     def cell(z):
         c0 = z[:, :, 0, :, 0]
-        return forward_cell(0, z, jnp.zeros((L, D, 4 * C)), c0, jnp.ones((L, B, S), jnp.int32), *slots, 1, 3.0)
+        return forward_cell(
+            0, z, b_LDG=jnp.zeros((L, D, 4 * C)), c0_LDBC=c0, mask_LBS=jnp.ones((L, B, S), jnp.int32),
+            acts_LDBSG=slots[0], c_LDBSC=slots[1], a_LDBSC=slots[2], J=1, clip=3.0,
+        )  # fmt: skip
 
     z = jnp.zeros((L, D, 1, B, 4, C))  # the cell's columns in 1 part
     cell(z)  # on this CPU, outside shard_map: runs

@@ -10,9 +10,9 @@ from test_training_run import tiny_config
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError, as_flags
-from elmo_jax.experiment import base_config, train_settings, validate
+from elmo_jax.experiment import base_config, model_config, train_settings, validate
 from elmo_jax.interop.bilm_hdf5 import load_weights
-from elmo_jax.settings import TrainSettings
+from elmo_jax.settings import ComputeSettings, TrainSettings, names
 from elmo_jax.train.loop import train
 from elmo_jax.workdir import Workdir
 
@@ -100,7 +100,12 @@ def test_config_json_of_earlier_versions_loads_as_it_ran(tmp_path, predated):
     want = base_config(SAVED_DEMO["model"]).to_dict()  # settings added since (lstm_cell): their defaults
     assert config.to_dict() == {section: {**want[section], **values} for section, values in SAVED_DEMO.items()}
     hp = train_settings(config, 5000)
+    compute = {name: saved["train"].pop(name) for name in names(ComputeSettings) if name in saved["train"]}
     assert hp == TrainSettings(**saved["train"], n_tokens_vocab=5000)  # each saved key is still a setting
+    model = model_config(config)
+    assert ComputeSettings(**compute) == ComputeSettings(
+        **{name: getattr(model, name) for name in names(ComputeSettings)}
+    )
     assert (hp.per_device_batch_size, hp.dropout, hp.n_epochs, hp.sample_softmax) == (32, 0.0, 1.3, True)
 
 

@@ -16,7 +16,7 @@ zero-padded to a power of two), the filter bank (K, F), F and N padded to whole 
 (`padded`). On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets
 them, to the numbers of token_encoder's XLA path. Each kernel declares the HBM bytes it moves (each operand once: the
 blocks that share an operand run side by side and meet in L2) in its custom call's metadata
-(`cell_kernels.BYTES_KEY`), which `elmo_jax.plan` reads.
+(`kernel_calls.metadata`), which `elmo_jax.plan` reads.
 
 Block sizes fit the GPU's shared memory (`chosen_block`): Triton stages a block's operands
 there, and how much it asks for depends on the GPU's generation, the dtype, the matmul precision
@@ -28,7 +28,6 @@ largest of BLOCKS down, and keeps the first that the compiler accepts.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import math
 
 import jax
@@ -38,7 +37,7 @@ from jax.experimental import pallas as pl
 
 from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend, device, tracing_for
-from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY, like, refuse_where_unable
+from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
 
 ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
 # (words, filters) of a block, tried in this order on a GPU until one fits its shared memory (`chosen_block`).
@@ -139,7 +138,7 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, a
     """pallas_call of `kernel` over `grid` on `args`, declaring its FLOPs and the bytes it moves:
     each operand and result once."""
     refuse_where_unable("char_conv", args[0])
-    touched = _nbytes(*args, *jax.tree.leaves(out_shape))
+    touched = nbytes(*args, *jax.tree.leaves(out_shape))
     return pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -148,12 +147,8 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, a
         out_specs=out_specs,
         interpret=backend() != "gpu",
         name=name,
-        metadata={BYTES_KEY: json.dumps(int(touched)), FLOPS_KEY: json.dumps(int(flops))},
+        metadata=metadata(touched, flops),
     )(*args)
-
-
-def _nbytes(*arrays) -> int:
-    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
 def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str, block: Block | None = None):

@@ -29,7 +29,7 @@ import re
 
 import numpy as np
 
-from elmo_jax.model.cell_kernels import BYTES_KEY, FLOPS_KEY
+from elmo_jax.model.kernel_calls import BYTES_KEY, FLOPS_KEY
 from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
 from elmo_jax.plan.instruction import DEFINITION, Instruction
 from elmo_jax.plan.trips import trip_count

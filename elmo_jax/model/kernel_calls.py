@@ -1,0 +1,47 @@
+"""What our Pallas kernels (`cell_kernels`, `char_kernels`) share with each other and with
+`elmo_jax.plan`: the custom call's metadata keys that declare a kernel's bytes and FLOPs, the bytes
+of arrays, outputs as device-varying as their inputs, and where our kernels cannot run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.errors import UserError
+from elmo_jax.model.backend import backend
+
+BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
+FLOPS_KEY = "elmo_jax.flops"  # and the floating-point operations of its products, where it has any
+
+
+def nbytes(*arrays: jax.Array | jax.ShapeDtypeStruct) -> int:
+    """The bytes of arrays (or shapes and dtypes), each counted once per time it is listed."""
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays)
+
+
+def metadata(touched: int, flops: int | None = None) -> dict[str, str]:
+    """A pallas_call's metadata declaring the bytes it moves (and its products' FLOPs), which
+    `elmo_jax.plan` reads."""
+    declared = {BYTES_KEY: json.dumps(int(touched))}
+    return declared if flops is None else {**declared, FLOPS_KEY: json.dumps(int(flops))}
+
+
+def like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStruct:
+    """An output of `shape` as device-varying as x (under shard_map)."""
+    return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
+
+
+def refuse_where_unable(setting: str, x: jax.Array) -> None:
+    """Our kernels are Triton's (GPUs): a UserError on a TPU, and on a CPU where x is
+    device-varying (Pallas's interpreter, which runs them in the tests, cannot run inside the
+    data-parallel train step's shard_map). `setting` names the setting that picked them."""
+    if backend() == "tpu":
+        raise UserError(f"{setting}='pallas' has kernels for GPUs (Triton), none for TPUs: use {setting}='xla'")
+    if backend() != "gpu" and jax.typeof(x).manual_axis_type.varying:
+        raise UserError(
+            f"{setting}='pallas' has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
+            f"inside the data-parallel train step: use {setting}='xla'"
+        )
