@@ -1,7 +1,7 @@
 """`lax.top_k`'s indices of a long vector without sorting it. On GPUs XLA's top_k of k = 8192
 out of LM1B's 793k words falls back from CUB to a sort of the whole vector; here the k-th
 largest value is found 4 bits at a time (8 counting passes of 16 candidates, each one fused
-reduction: on an H200, 256 candidates a byte took 0.7 ms a step, docs/PERFORMANCE.md), the k
+reduction; why 4 bits: docs/archive/PERFORMANCE_LOG.md, "Where the measured H200 step goes"), the k
 above it are gathered in index order, and only those k are sorted. The same indices as
 `lax.top_k`, ties by lower index."""
 

@@ -1,6 +1,6 @@
 """What `elmo-jax plan` prints: a compiled step's kernels, memory and estimated time on its
-target, and the paper's run at that rate (docs/PERFORMANCE.md, "Projected time of the paper's
-run")."""
+target, and the paper's run at that rate (docs/archive/PERFORMANCE_LOG.md, "Projected time of
+the paper's run")."""
 
 from __future__ import annotations
 
