@@ -1,7 +1,7 @@
 # Everything a fresh machine needs: `make demo` trains the demo model, `make test` runs the tests.
 # Both create a local virtual environment in .venv first (Python 3.11+ as $(PYTHON), 3.12 if found); the demo
 # installs elmo_jax with matplotlib (its curves), the tests add the dev extra (pytest, pytest-xdist,
-# ruff, TFDS).
+# ruff, mypy, TFDS).
 # Python 3.12 where the machine has one (on PATH or from pyenv): `elmo-jax plan`'s compiler plugin
 # and its test need it; else python3.
 PY312 := $(shell (python3.12 -c '' && command -v python3.12 || ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) 2>/dev/null | tail -1)
@@ -36,9 +36,11 @@ test: $(VENV)/.installed-dev
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal -m "not launches and not slow"
 
+# ruff (format and lint) and mypy (types, pyproject.toml's [tool.mypy]); .pre-commit-config.yaml runs the same.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) workdirs .jax_cache

@@ -242,9 +242,9 @@ class Checkpoints:
         previous = [s for s in self.manager.all_steps() if s < step]
         return f"the previous checkpoint (step {max(previous)}) is intact" if previous else "no checkpoint was lost"
 
-    def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
-        while error.__cause__ is not None or error.__context__ is not None:  # the root cause (an OSError)
-            error = error.__cause__ or error.__context__
+    def _save_error(self, step: int, error: BaseException) -> CheckpointSaveError:
+        while (cause := error.__cause__ or error.__context__) is not None:  # the root cause (an OSError)
+            error = cause
         return CheckpointSaveError(
             f"saving a checkpoint in {self.directory} failed ({type(error).__name__}: {error}); {self._previous(step)}"
         )

@@ -18,6 +18,7 @@ import importlib.util
 import sys
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
 import ml_collections
 from absl import app, flags
@@ -38,7 +39,7 @@ def _usage(command: str) -> str:
     return usage_line(command, COMMANDS[command])
 
 
-def _fail(message: str, status: int = 2) -> None:
+def _fail(message: str, status: int = 2) -> NoReturn:
     print(message, file=sys.stderr)
     sys.exit(status)
 
@@ -89,8 +90,12 @@ def _help(command: str | None) -> str:
     def describe(name: str) -> list[str]:
         flag = FLAGS[name]
         spelled = f"--[no]{name}" if isinstance(flag, flags.BooleanFlag) else f"--{name}"
-        default = "" if flag.default is None or name == "config" else f" (default: {flag.default_as_str.strip(QUOTE)})"
-        text = textwrap.wrap(flag.help + default, width - 28)
+        default = (
+            ""
+            if flag.default is None or name == "config"
+            else f" (default: {(flag.default_as_str or '').strip(QUOTE)})"
+        )
+        text = textwrap.wrap((flag.help or "") + default, width - 28)
         return [f"  {spelled:24s}  {text[0]}"] + [" " * 28 + t for t in text[1:]]
 
     c = COMMANDS[command]
@@ -119,6 +124,8 @@ def _config_keys(config: ml_collections.ConfigDict, prefix: str = "config.") -> 
 
 def _load_experiment(path: str) -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location("experiment", path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"--config={path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()

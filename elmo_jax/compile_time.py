@@ -23,24 +23,25 @@ _DURATIONS = (
 )
 _PROGRAM = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
-_totals = {"seconds": 0.0, "programs": 0, "cached": 0}
-_cached_before = [0]  # cache hits counted at the previous program
+_totals: dict[str, float] = {"seconds": 0.0, "programs": 0, "cached": 0}
+_cached_before: list[float] = [0]  # cache hits counted at the previous program
 _INFO_FROM_S = 0.5  # compiles shorter than this are logged at DEBUG
 log = logging.getLogger(__name__)
 
 
-def _on_duration(event: str, duration: float, fun_name: str = "a program", **_) -> None:
+def _on_duration(event: str, duration_secs: float, **metadata: str | int) -> None:
+    fun_name = metadata.get("fun_name", "a program")
     if event in _DURATIONS:
-        _totals["seconds"] += duration
+        _totals["seconds"] += duration_secs
     if event == _PROGRAM:
         _totals["programs"] += 1
         cached = _totals["cached"] > _cached_before[0]
         _cached_before[0] = _totals["cached"]
         if cached:
-            log.debug("loaded %s from the compile cache in %.1f s", fun_name, duration)
+            log.debug("loaded %s from the compile cache in %.1f s", fun_name, duration_secs)
         else:
-            level = logging.INFO if duration >= _INFO_FROM_S else logging.DEBUG
-            log.log(level, "compiled %s in %.1f s", fun_name, duration)
+            level = logging.INFO if duration_secs >= _INFO_FROM_S else logging.DEBUG
+            log.log(level, "compiled %s in %.1f s", fun_name, duration_secs)
 
 
 def _on_event(event: str, **_) -> None:

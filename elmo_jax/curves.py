@@ -9,6 +9,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.outputs import replacing
@@ -29,7 +30,9 @@ def read_metrics(path: Path) -> dict[str, list[dict]]:
         if not line.strip():
             continue
         try:
-            record = {k: math.nan if v is None else v for k, v in json.loads(line).items()}  # null: not finite
+            record: dict[str, Any] = {
+                k: math.nan if v is None else v for k, v in json.loads(line).items()
+            }  # null: not finite
             by_step[record["kind"]][record["step"]] = record
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise UserError(f"{path}: line {n} is not a metrics record ({e})") from None
@@ -44,11 +47,11 @@ def plot_curves(workdir: str | Path, output: str | Path | None = None, overwrite
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise UserError(NO_MATPLOTLIB) from None
-    workdir = Workdir(workdir)
-    metrics = read_metrics(workdir.metrics_jsonl)
+    run = Workdir(workdir)
+    metrics = read_metrics(run.metrics_jsonl)
     if not metrics["train"] and not metrics["eval"]:
-        raise UserError(f"{workdir.metrics_jsonl}: no records to draw")
-    sampled = workdir.saved_config().train.sample_softmax if workdir.config_json.is_file() else True
+        raise UserError(f"{run.metrics_jsonl}: no records to draw")
+    sampled = run.saved_config().train.sample_softmax if run.config_json.is_file() else True
 
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     loss, heldout = figure.subplots(1, 2)
@@ -98,10 +101,10 @@ def plot_curves(workdir: str | Path, output: str | Path | None = None, overwrite
     for axes in (loss, heldout):
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
-    figure.suptitle(str(workdir.path))
+    figure.suptitle(str(run.path))
 
-    target = Path(output) if output is not None else workdir.curves_png
-    with replacing(target, overwrite, (workdir.metrics_jsonl,)) as tmp:
+    target = Path(output) if output is not None else run.curves_png
+    with replacing(target, overwrite, (run.metrics_jsonl,)) as tmp:
         figure.savefig(tmp, format="png", dpi=110)
     return target
 

@@ -89,7 +89,9 @@ def _jitted_token_gates(config: ModelConfig):
 @functools.cache
 def _jitted_lstm_window(config: ModelConfig):
     def window(lstm_params, table_UP, gates_2UG, ids_2BW, mask_BW, state, reset_BW):
-        return lstm_layers_of_streams(lstm_params, table_UP, ids_2BW, mask_BW, state, config, reset_BW, gates_2UG)
+        return lstm_layers_of_streams(
+            lstm_params, table_UP, ids_2BW, mask_BW, state, config, reset_BT=reset_BW, gates_2UG=gates_2UG
+        )
 
     return jax.jit(window)
 
@@ -319,7 +321,9 @@ def pack_rounds(lengths: list[int], batch_size: int, max_tokens: int, stateful: 
         share = -(-sum(lengths[i] for i in left) // batch_size)
         room = length_bucket(max(lengths[left[0]], min(share, max_tokens // batch_size)))
         rows = min(batch_size, 1 << max(max_tokens // room, 1).bit_length() - 1)  # a power of two
-        lanes, fills, later = [], [], []
+        lanes: list[list[int]] = []
+        fills: list[int] = []
+        later = []
         for i in left:
             row = next((r for r, fill in enumerate(fills) if fill + lengths[i] <= room), None)
             if row is None and len(lanes) < rows:
@@ -343,7 +347,9 @@ def stream_length(positions: int, whole: bool) -> int:
     return positions if whole else positions - 1
 
 
-def padded_streams(lanes: list[list[np.ndarray]], rows: int, whole: bool) -> tuple[np.ndarray, ...]:
+def padded_streams(
+    lanes: list[list[np.ndarray]], rows: int, whole: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """The table rows of the sentences of each row (with their boundaries), back to back -> the
     forward stream and the backward one (each sentence reversed in place) (2, rows, T), the mask
     and where the state restarts (rows, T), T = length_bucket of the longest row, and each
@@ -393,7 +399,8 @@ class _Writer:
     writer is raised in the caller, at its next put or at the end."""
 
     def __init__(self, out: h5py.File):
-        self.out, self.pool, self.pending = out, concurrent.futures.ThreadPoolExecutor(1), None
+        self.out, self.pool = out, concurrent.futures.ThreadPoolExecutor(1)
+        self.pending: concurrent.futures.Future | None = None
 
     def put(self, datasets: list[tuple[str, np.ndarray]]) -> None:
         self._wait()
@@ -447,6 +454,7 @@ def embed_file(
     input_path: str | Path,
     output_path: str | Path,
     layers: str = "all",
+    *,
     batch_size: int = 64,
     stateful: bool = False,
     chunk_sentences: int = 4096,

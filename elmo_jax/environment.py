@@ -33,7 +33,7 @@ def git_commit(folder: Path = SOURCE) -> str | None:
 
 
 def environment() -> dict:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)

@@ -43,7 +43,7 @@ def keep_freed_memory() -> bool:
         return False
     if not _trim_registered[0]:
 
-        def trim_after_compile(event: str, duration: float, **_) -> None:
+        def trim_after_compile(event: str, duration_secs: float, **_: str | int) -> None:
             if event == _COMPILED:
                 malloc_trim(0)
 

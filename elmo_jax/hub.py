@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TypeGuard
 
 from elmo_jax.errors import UserError
 from elmo_jax.published import DownloadFailed, unlike
@@ -19,7 +20,7 @@ _REPO = re.compile(r"[\w.-]+/[\w.-]+")
 PATTERNS = ["*options.json", "*weights.hdf5", "vocab.txt"]  # what a model folder holds
 
 
-def is_hub(source: object) -> bool:
+def is_hub(source: object) -> TypeGuard[str]:
     return isinstance(source, str) and source.startswith(PREFIX)
 
 

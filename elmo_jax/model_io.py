@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import json
 from pathlib import Path
+from typing import TypeVar
 
 import jax
 
@@ -103,7 +104,10 @@ def _one_file(folder: Path, suffix: str) -> Path | None:
     return found[0] if found else None
 
 
-def _fetched(source: str | Path | None) -> str | Path | None:
+_Source = TypeVar("_Source", bound=str | Path | None)
+
+
+def _fetched(source: _Source) -> _Source | Path:
     """A published model (a name or an options URL) or a hub model (hf://OWNER/REPO) as its
     folder in the cache, fetched where missing; any other source as it is."""
     if is_hub(source):

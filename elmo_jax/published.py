@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TypeGuard
 
 import h5py
 
@@ -61,7 +62,7 @@ class DownloadFailed(UserError):
     the URL and the folder where its files can be put by hand."""
 
 
-def is_published(source: object) -> bool:
+def is_published(source: object) -> TypeGuard[str]:
     """Whether `source` names a published model (a name or an http(s) URL) rather than a local
     path. A `Path` is always local."""
     return isinstance(source, str) and (source in PUBLISHED or source.startswith(("http://", "https://")))

@@ -137,7 +137,7 @@ class Workdir:
         recorded = self.saved().get("vocabulary") if self.config_json.is_file() else None
         if recorded is not None and vocab.record() != recorded:
             raise UserError(
-                f"{self.vocab_txt} ({len(vocab)} words, sha256 {vocab.record()['sha256'][:12]}) is not the vocabulary "
+                f"{self.vocab_txt} ({len(vocab)} words, sha256 {vocab.sha256[:12]}) is not the vocabulary "
                 f"this run recorded in {self.config_json} ({recorded['words']} words, sha256 "
                 f"{recorded['sha256'][:12]}): it was changed or damaged; restore it, or use another workdir"
             )

@@ -125,7 +125,7 @@ def test_stacks_match_numpy_layer_after_layer(n_layers, skip, schedule):
         for unroll in (1, 4):
             run = jax.jit(lstm_stacks, static_argnames=("config", "dropout"))
             unrolled = dataclasses.replace(config, scan_unroll=unroll)
-            out, new = run(params, x, mask, state, unrolled, keep_masks, dropout=RATE)
+            out, new = run(params, x, mask, state, unrolled, keep_masks=keep_masks, dropout=RATE)
             for name, got, w, s in zip(["outputs", "h", "c"], (out, new.h, new.c), want, spread):
                 assert_within_rounding(got, w, s, name)
     assert (np.asarray(out)[:, :, ~mask] == 0).all()
@@ -184,12 +184,12 @@ def _custom_and_autodiff(n_layers: int, skip: bool):
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=2)
     config = dataclasses.replace(config, lstm_schedule="wavefront", lstm_cell="xla")
     rng = np.random.default_rng(3)
-    out, new = lstm_stacks(params, x, mask, state, config, keep, RATE)
+    out, new = lstm_stacks(params, x, mask, state, config, keep_masks=keep, dropout=RATE)
     weights = [rng.normal(size=a.shape).astype(np.float32) for a in (out, new.h, new.c)]
 
     def loss(reset_BT):
         def f(weights, params, x, state):
-            out, new = lstm_stacks(params, x, mask, state, config, keep, RATE, reset_BT=reset_BT)
+            out, new = lstm_stacks(params, x, mask, state, config, keep_masks=keep, dropout=RATE, reset_BT=reset_BT)
             return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
 
         return jax.jit(jax.grad(f, argnums=(1, 2, 3)))
@@ -270,7 +270,13 @@ def test_both_schedules_give_the_same_gradients():
     def grads(schedule):
         def loss(params, x, state):
             out, new = lstm_stacks(
-                params, x, mask, state, dataclasses.replace(config, lstm_schedule=schedule), keep, RATE
+                params,
+                x,
+                mask,
+                state,
+                dataclasses.replace(config, lstm_schedule=schedule),
+                keep_masks=keep,
+                dropout=RATE,
             )
             return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
 
@@ -313,7 +319,9 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
     )
 
     def loss(params, x, state, cell):
-        out, new = lstm_stacks(params, x, mask, state, dataclasses.replace(config, lstm_cell=cell), keep, RATE)
+        out, new = lstm_stacks(
+            params, x, mask, state, dataclasses.replace(config, lstm_cell=cell), keep_masks=keep, dropout=RATE
+        )
         return sum(jnp.sum(w * y) for w, y in zip(weights, (out, new.h, new.c)))
 
     def value_and_grads(cell):

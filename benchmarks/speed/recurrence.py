@@ -73,7 +73,11 @@ def schedules_seconds(config: ModelConfig, B: int, T: int, dropout: float = 0.1)
     def grad(schedule: str):
         scheduled = dataclasses.replace(config, lstm_schedule=schedule)
         return jax.jit(
-            jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, mask, state, scheduled, keep, dropout)[0][-1] ** 2))
+            jax.grad(
+                lambda p: jnp.sum(
+                    lstm_stacks(p, x, mask, state, scheduled, keep_masks=keep, dropout=dropout)[0][-1] ** 2
+                )
+            )
         )
 
     grads = {schedule: grad(schedule) for schedule in ("wavefront", "layers")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from absl.flags import FlagValues
 
 from elmo_jax import strict_json
@@ -17,8 +19,9 @@ def main(flags: FlagValues) -> None:
         flags.config.keys()
     except OSError as e:  # ml_collections keeps a config file that failed to load as an error object
         reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
+        config_flag: Any = flags["config"]  # ml_collections' config flag, which keeps the file's name
         raise UserError(
-            f"--config={flags['config'].config_filename}: cannot be loaded ({reason}); "
+            f"--config={config_flag.config_filename}: cannot be loaded ({reason}); "
             f"packaged experiments: {', '.join(sorted(packaged_experiments()))}"
         ) from None
     result = train(flags.config, flags.workdir)

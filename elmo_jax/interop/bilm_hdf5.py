@@ -24,12 +24,18 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dataset of the weight file and its shape."""
     cnn, lstm = config.char_cnn, config.lstm
     D, F, P, C = cnn.embedding_dim, cnn.n_filters, lstm.projection_dim, lstm.dim
-    shapes = {"char_embed": (261, D)}
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (261, D)}
     for i, (width, count) in enumerate(cnn.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, width, D, count)
         shapes[f"CNN/b_cnn_{i}"] = (count,)
     for k in range(cnn.n_highway):
-        for name, shape in (("W_carry", (F, F)), ("W_transform", (F, F)), ("b_carry", (F,)), ("b_transform", (F,))):
+        highway: tuple[tuple[str, tuple[int, ...]], ...] = (
+            ("W_carry", (F, F)),
+            ("W_transform", (F, F)),
+            ("b_carry", (F,)),
+            ("b_transform", (F,)),
+        )
+        for name, shape in highway:
             shapes[f"CNN_high_{k}/{name}"] = shape
     shapes["CNN_proj/W_proj"] = (F, P)
     shapes["CNN_proj/b_proj"] = (P,)

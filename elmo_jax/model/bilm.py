@@ -57,6 +57,7 @@ def lstm_top(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
+    *,
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
     mark: Callable[[jax.Array], jax.Array] | None = None,
@@ -64,7 +65,9 @@ def lstm_top(
     """Encoded tokens (U, P) gathered at the positions (2, B, T) -> top LSTM layer (2, B, T, P)
     and the new state. With `keep_masks` (L + 1, 2, B, T, P), dropout as bilm-tf applies it:
     on each layer's input, and once more on the top output. `mark`: see `lstm_stacks`."""
-    layers, state = lstm_stacks(lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks, dropout, mark=mark)
+    layers, state = lstm_stacks(
+        lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks=keep_masks, dropout=dropout, mark=mark
+    )
     top = layers[-1]
     if keep_masks is not None:
         top = apply_dropout(keep_masks[config.lstm.n_layers], top, dropout)
@@ -78,6 +81,7 @@ def lstm_layers_of_streams(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
+    *,
     reset_BT: jax.Array | None = None,
     gates_2UG: jax.Array | None = None,
 ) -> tuple[jax.Array, LSTMState]:

@@ -14,11 +14,13 @@ the same arithmetic take 8 and 7 and write each save slot with a kernel of its o
   next step's gradient of the unclipped projection.
 
 On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the
-same numbers as the XLA cell (`lstm._wave_forward`, `lstm._wavefront_bwd`). Save slots are whole
-buffers passed through (`input_output_aliases`) and written at the step's slot in place; each
-kernel declares the bytes it reads and writes in its custom call's metadata (`BYTES_KEY`), which
-`elmo_jax.plan` reads. A grid program handles a block of rows (of one layer and direction) and
-of the cell's columns, the four gates of those columns together.
+same numbers as the XLA cell (`lstm._xla_train_loop`, `lstm._xla_backward_loop`; the arithmetic
+of both is `cell_math`'s). Each kernel takes its inputs and outputs by name (`_call`); save slots
+are whole buffers passed through, an output named as its input (`input_output_aliases`), and
+written at the step's slot in place; each kernel declares the bytes it reads and writes, counted
+from the shapes it touches (`kernel_calls.nbytes`), which `elmo_jax.plan` reads. A grid program
+handles a block of rows (of one layer and direction) and of the cell's columns, the four gates of
+those columns together.
 
 No kernel of XLA's runs between ours: a matmul that contracts over the cell's columns with a
 small result (the projection, the gates' transposed product) runs as a batch of products over

@@ -1,8 +1,8 @@
 """The char CNN's filters and their max over positions as Pallas kernels of our own
 (`char_conv="pallas"`): the convolutions' (N, W, F) values, the train step's largest activation,
 never leave the chip. XLA's path writes them, reads them for the max and for the positions that
-hold it, and writes their gradient and reads it back twice: about 3.4 GB of HBM traffic a step
-of the published size at 128 rows (`elmo-jax plan`), against 0.3 GB for these kernels.
+hold it, and writes their gradient and reads it back twice (`elmo-jax plan` counts the bytes
+of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memory").
 
 - `max_and_ties`: per block of words and filters, each position's window of characters times
   the filters, rounded to the compute dtype, the max so far and the bits of the positions that
@@ -291,9 +291,9 @@ def _compile_alone(kernel: str, block: Block, W: int, K: int, F: int, dtype: str
     windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
     words = operand((-(-W // 32), ROWS, F), jnp.uint32)
     calls = {
-        MAX: (lambda *a: max_and_ties(*a, dtype, block), (windows, bank, operand((F,), jnp.int32))),
-        WINDOWS: (lambda *a: window_gradients(*a, W, dtype, block), (share, words, bank)),
-        FILTERS: (lambda *a: filter_gradients(*a, dtype, block), (windows, share, words)),
+        MAX: (lambda w, b, last: max_and_ties(w, b, last, dtype, block), (windows, bank, operand((F,), jnp.int32))),
+        WINDOWS: (lambda s, bits, b: window_gradients(s, bits, b, W, dtype, block), (share, words, bank)),
+        FILTERS: (lambda w, s, bits: filter_gradients(w, s, bits, dtype, block), (windows, share, words)),
     }
     call, operands = calls[kernel]
     call.__name__ = kernel  # in the compile log

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -51,17 +51,20 @@ from elmo_jax.model.cell_math import (
 )
 from elmo_jax.model.matmul import einsum, rounded_einsum, rounds_results
 
+Leaf = TypeVar("Leaf")
 
-class LSTMState(NamedTuple):
-    """Carried state of every LSTM: h (2, L, B, P) and c (2, L, B, C); axis 0 = direction."""
 
-    h: jax.Array
-    c: jax.Array
+class LSTMState(NamedTuple, Generic[Leaf]):
+    """Carried state of every LSTM: h (2, L, B, P) and c (2, L, B, C); axis 0 = direction (a
+    pytree, whose leaves may also be their shardings or shapes)."""
 
-    @classmethod
-    def zeros(cls, config: ModelConfig, batch_size: int) -> LSTMState:
+    h: Leaf
+    c: Leaf
+
+    @staticmethod
+    def zeros(config: ModelConfig, batch_size: int) -> LSTMState[jax.Array]:
         L, C, P = config.lstm.n_layers, config.lstm.dim, config.lstm.projection_dim
-        return cls(jnp.zeros((2, L, batch_size, P)), jnp.zeros((2, L, batch_size, C)))
+        return LSTMState(jnp.zeros((2, L, batch_size, P)), jnp.zeros((2, L, batch_size, C)))
 
 
 def _glorot_uniform(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -276,7 +279,7 @@ def _loop_weights(W_0, W_proj, x_DBSP, b, st: _Stack, gates_DBTG=None, J: int | 
     return W_loop.astype(st.dtype), W_proj.astype(st.dtype), gates_x_1DBSG
 
 
-def _wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, reset_BT=None, gates_DBTG=None):
+def _wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, *, reset_BT=None, gates_DBTG=None):
     """L layers without saving anything for a backward pass -> outputs (L, D, B, T, P), final h
     (L, D, B, P) and c (L, D, B, C). Arrays as `_wavefront`'s, W_0 (L, D, 2P, G) and b (L, D, G)
     apart or W_0 as one layer's halves (W_x, W_h) each (1, D, P, G) (`split_input_weights`).
@@ -348,10 +351,12 @@ def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, 
     return jax.lax.fori_loop(0, wave.mask_LBS.shape[2], step, (h_LDBP, c_LDBC, slots), unroll=st.unroll)
 
 
-def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: _Slots, st: _Stack, J: int):
+def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: _Slots, st: _Stack):
     """The training forward with the cell and the outputs as our kernels (several layers), the
-    next step's operand [inputs; h] carried -> (final h, final c, the save buffers written)."""
+    next step's operand [inputs; h] carried -> (final h, final c, the save buffers written).
+    W_loop (L, D, J, 2P, 4, C / J): the gates' weights in J parts of the cell's columns."""
     L, D, B, P = h_LDBP.shape
+    J = W_loop.shape[2]
     C = W_proj_loop.shape[2]
     J_proj = parts(C, L * D * B * P)  # the projection's operand's parts
     ran_LBS, keep_8, rate = _kernel_masks(wave.mask_LBS, wave.keep_UDBSP, st.dropout)
@@ -382,7 +387,7 @@ def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: 
     return h, slots.c[:, :, :, -1], slots  # the cell each layer kept last (not carried: read from its slot)
 
 
-def _wave_train(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
+def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
     """The training forward: `_wave_infer`'s outputs, final h and c, and what the backward pass
     reads (`_Saved`). Loop step s runs layer l at time s - l for every l (a slot outside 0..T-1
     is masked, so it changes nothing), batched over layers and directions; layer l + 1 reads what
@@ -400,7 +405,7 @@ def _wave_train(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stac
     W_loop, W_proj_loop, gates_x_1DBSG = _loop_weights(W_0, W_proj, wave.x_DBSP, b, st, J=J)
     slots = _train_slots(x_DBTP, L, D, B, S, C, st, own_cell)
     if own_cell:
-        h, c, slots = _own_train_loop(wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots, st, J)
+        h, c, slots = _own_train_loop(wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots, st)
     else:
         h, c, slots = _xla_train_loop(wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, c_LDBC, slots, st)
     if L == 1:
@@ -604,6 +609,7 @@ def lstm_stacks(
     mask_BT: jax.Array,
     state: LSTMState,
     config: ModelConfig,
+    *,
     keep_masks: jax.Array | None = None,
     dropout: float = 0.0,
     reset_BT: jax.Array | None = None,
@@ -655,7 +661,9 @@ def lstm_stacks(
             W_0 = (_stacked(each, "W_x"), _stacked(each, "W_h")) if split else _stacked(each, "W_0")
             b, W_proj = _stacked(each, "B"), _stacked(each, "W_P_0")
             gates = gates_2BTG if first == 0 else None
-            out, h, c = _wave_infer(W_0, b, W_proj, layer_in, mask_BT, keep, h0, c0, st, reset_BT, gates)
+            out, h, c = _wave_infer(
+                W_0, b, W_proj, layer_in, mask_BT, keep, h0, c0, st, reset_BT=reset_BT, gates_DBTG=gates
+            )
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
             out = out.at[0].set(jnp.where(mask_BT[None, :, :, None], out[0] + layer_in, 0.0))
         outputs.append(out)
@@ -677,7 +685,7 @@ def schedule(config: ModelConfig) -> str:
 
 def cell(config: ModelConfig) -> str:
     """ "xla" or "pallas": config.lstm_cell, with "auto" resolved for the default backend (our
-    kernels on GPUs, where they measured 1.05-1.10x XLA's cell a train step on an H200, for the
+    kernels on GPUs, where they measured faster than XLA's cell (docs/PERFORMANCE.md), for the
     wavefront of 2+ layers that they are written for; XLA's cell elsewhere)."""
     if config.lstm_cell != "auto":
         return config.lstm_cell

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +64,7 @@ def _characters(d_windows: jax.Array, width: int, D: int, axis: int) -> jax.Arra
     for k in range(width):
         pads[axis] = (k, width - 1 - k)
         parts.append(jnp.pad(d_windows[..., k * D : (k + 1) * D], pads))
-    return sum(parts)
+    return cast(jax.Array, sum(parts))  # width >= 1 parts: an array
 
 
 def _wide(dtype: str) -> str:
@@ -146,7 +147,7 @@ def _max_and_ties(y_NWF: jax.Array) -> tuple[jax.Array, jax.Array]:
     The backward pass needs only these bits, not the (N, W, F) values (its largest activation).
     On accelerators one pass over the positions' (N, F) slices carries the max and its bits
     (elementwise: XLA's GPU reduction over this middle axis moved it with transposes, and one that
-    also counted ties ran at a tenth of an H200's memory bandwidth: docs/PERFORMANCE.md). On CPU a
+    also counted ties ran far below the memory's bandwidth: docs/archive/PERFORMANCE_LOG.md). On CPU a
     max reduction, then the bits of the positions equal to it, which XLA runs faster there."""
     W = y_NWF.shape[1]
     bit_W = _position_bits(W)

@@ -28,7 +28,8 @@ FREE_OPS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "a
 
 def computations(hlo_text: str) -> dict[str, list[str]]:
     """Each computation's instruction lines, by name."""
-    found, current = {}, None
+    found: dict[str, list[str]] = {}
+    current = None
     for line in hlo_text.splitlines():
         header = _COMPUTATION.match(line)
         if header:
@@ -74,11 +75,11 @@ def loops(hlo_text: str) -> list[dict]:
         for line in lines:
             match = _WHILE.search(line)
             if match:
-                trips, source = KNOWN_TRIP_COUNT.search(line), _OP_NAME.search(line)
+                trip_count, op_name = KNOWN_TRIP_COUNT.search(line), _OP_NAME.search(line)
                 parent_of[match.group(2)] = (
                     name,
-                    int(trips.group(1)) if trips else None,
-                    source.group(1) if source else "",
+                    int(trip_count.group(1)) if trip_count else None,
+                    op_name.group(1) if op_name else "",
                 )
     found = []
     for body, (parent, trips, source) in parent_of.items():

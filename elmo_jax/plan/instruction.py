@@ -13,6 +13,16 @@ _ATTR = {
 }
 
 
+def required(pattern: re.Pattern[str] | str, text: str, flags: int = 0) -> re.Match[str]:
+    """`re.search`'s match of `pattern` in HLO `text`; a ValueError naming the pattern where the
+    text lacks it (a compiler's output this parser does not know)."""
+    match = re.search(pattern, text, flags)
+    if match is None:
+        shown = pattern.pattern if isinstance(pattern, re.Pattern) else pattern
+        raise ValueError(f"HLO without {shown!r}: {text[:200]!r}")
+    return match
+
+
 def _closing(text: str, depth: int) -> int:
     """The index in `text` of the parenthesis that closes `depth` open ones (the first one's,
     when `text` starts with it)."""
@@ -28,7 +38,7 @@ class Instruction:
 
     def __init__(self, line: str):
         self.line = line
-        definition = DEFINITION.match(line)
+        definition = required(DEFINITION, line)
         self.name = definition.group(1)
         rest = line[definition.end() :]
         if rest.startswith("("):  # a tuple type

@@ -31,7 +31,7 @@ import numpy as np
 
 from elmo_jax.model.kernel_calls import BYTES_KEY, FLOPS_KEY
 from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
-from elmo_jax.plan.instruction import DEFINITION, Instruction
+from elmo_jax.plan.instruction import DEFINITION, Instruction, required
 from elmo_jax.plan.trips import trip_count
 
 _TYPE = re.compile(r"(pred|bf16|f8\w*|[suf]\d+|c\d+|token)\[([\d,]*)\](\{[^}]*\})?")
@@ -144,7 +144,7 @@ class Program:
             for name, lines in computations(hlo_text).items()
         }
         self.defs = {i.name: i for body in self.computations.values() for i in body}
-        entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo_text, re.M)
+        entry = required(r"^ENTRY %?([\w.\-]+)", hlo_text, re.M)
         self.entry = entry.group(1)
         self.entry_params = dict(
             re.findall(r"([\w.\-]+): ((?:pred|bf16|[suf]\d+)\[[\d,]*\])", hlo_text[entry.end() :].split("\n", 1)[0])
@@ -265,7 +265,7 @@ class Program:
             sort = next((i for i in self.computations.get(callee, []) if i.opcode == "sort"), sort)
         if sort is None:
             return 1
-        dimension = int(re.search(r"dimensions=\{(\d+)\}", sort.attrs).group(1))
+        dimension = int(required(r"dimensions=\{(\d+)\}", sort.attrs).group(1))
         return bitonic_passes(_dims(self.type(sort.operands[0]))[dimension])
 
     def _source(self, inst: Instruction) -> str:
@@ -341,7 +341,7 @@ class Program:
         """Multiplications of a convolution: for each output element, its kernel's input
         features times the window's taps that meet the input (not its padding, nor the holes
         of a dilated input)."""
-        lhs_labels, kernel_labels, out_labels = _DIM_LABELS.search(inst.attrs).groups()
+        lhs_labels, kernel_labels, out_labels = required(_DIM_LABELS, inst.attrs).groups()
         lhs, kernel, out = _dims(self.type(inst.operands[0])), _dims(self.type(inst.operands[1])), _dims(inst.type)
         attribute = re.search(r"window=\{([^}]*)\}", inst.attrs)
         window = dict(re.findall(r"(\w+)=([\d_x-]+)", attribute.group(1))) if attribute else {}
@@ -377,7 +377,7 @@ class Program:
             return float(declared.group(1))
         result = self.type(inst.name)
         if inst.opcode == "custom-call" and result.startswith("("):
-            result = _TYPE.search(result).group(0)  # the result, not the library's scratch space
+            result = required(_TYPE, result).group(0)  # the result, not the library's scratch space
         if inst.opcode == "fusion-start":  # an async fusion: ((operands), result, context)
             result = tuple_elements(result)[1]
         if inst.opcode == "copy-start":  # a DMA: (destination, source, context)
@@ -391,8 +391,8 @@ class Program:
         if inst.opcode in IN_PLACE:
             update = self.type(inst.operands[IN_PLACE[inst.opcode]])
             rest = [o for o in inst.operands[1:] if o != inst.operands[IN_PLACE[inst.opcode]]]
-            written = type_bytes(update, on_chip_too=True) if type_bytes(self.type(inst.operands[0])) else 0
-            return float(type_bytes(update) + written + sum(type_bytes(self.type(o)) for o in rest))
+            in_place_write = type_bytes(update, on_chip_too=True) if type_bytes(self.type(inst.operands[0])) else 0
+            return float(type_bytes(update) + in_place_write + sum(type_bytes(self.type(o)) for o in rest))
         callee = inst.called("calls")
         if inst.opcode not in ("fusion", "fusion-start") or not callee:
             return float(type_bytes(result) + sum(type_bytes(self.type(o)) for o in inst.operands))
@@ -428,7 +428,7 @@ class Program:
         body = self.computations[computation]
         by_name = {i.name: i for i in body}
         params = {
-            i.name: int(re.match(r"\d+", i.line.split("parameter(")[1]).group(0))
+            i.name: int(required(r"\A\d+", i.line.split("parameter(")[1]).group(0))
             for i in body
             if i.opcode == "parameter"
         }
@@ -452,7 +452,8 @@ class Program:
         root = next(i for i in body if i.line.lstrip().startswith("ROOT"))
         outputs = [by_name[o] for o in root.operands] if root.opcode == "tuple" else [root]
         outputs = [by_name.get(origin(o.name), o) for o in outputs]
-        in_place, written = {}, []
+        in_place: dict[int, float] = {}
+        written: list[float | None] = []
         for o in outputs:
             if o.opcode not in IN_PLACE:
                 written.append(None)
@@ -473,11 +474,11 @@ class Program:
             at = [i for i, o in enumerate(use.operands) if o == name]
             return sum(nested[i] for i in at) if all(i in nested for i in at) else None
 
-        reads = {}
+        reads: dict[int, float] = {}
         for name, index in params.items():
             uses = [sliced(u, n) for u, n in through_views(name)]
             if uses and None not in uses:
-                reads[index] = sum(uses)
+                reads[index] = sum(u for u in uses if u is not None)
         # Results that are slices of values computed here: only the elements they keep are
         # computed, so each parameter is read in that share (a reduction's operands too).
         if outputs and all(o.opcode == "slice" and origin(o.operands[0]) not in params for o in outputs):

@@ -213,7 +213,7 @@ def largest_batch(
             nearest = sorted(known, key=lambda r: abs(r - fits))[:2]
             lo, hi = (fits, fails) if fails in known else (min(nearest), max(nearest))
             slope = (known[hi] - known[lo]) / (hi - lo) if hi != lo else 0.0
-            guess = fits * 2 if slope <= 0 else fits + (capacity - known[fits]) / slope
+            guess = fits * 2 if slope <= 0 else int(fits + (capacity - known[fits]) / slope)
         guess = min(max(int(guess) // multiple * multiple, fits + multiple), fails - multiple, limit)
         width = fails - fits
         if need(guess) <= capacity:

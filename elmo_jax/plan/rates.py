@@ -1,6 +1,6 @@
 """The expected step time: each kernel class's floor scaled by how far above its floor that class
-ran on a real device, fitted to measured step times (docs/PERFORMANCE.md, "How `plan`'s expected
-time is made").
+ran on a real device, fitted to measured step times (docs/PERFORMANCE.md, "`plan`'s expected
+time").
 
 A program's features are, per class (FEATURES), the summed floors of its kernels (`Kernel.floor`:
 the slower of its FLOPs at the peak and its bytes at the bandwidth, without the launch), its
@@ -116,6 +116,7 @@ def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None
     if target.platform != "cuda":
         return None
     data = table(target.name) or table("h200")
+    assert data is not None, "the H200's rates ship with the package"
     rates = data["rates"]
     x = features(kernels, target)
     by_kernel = sorted(

@@ -35,15 +35,16 @@ class Target:
             if not 1 <= devices <= 8:
                 raise UserError(f"devices={devices}: one host of {self.name} holds 1 to 8 GPUs", ("devices",))
             return {"platform": "cuda", "target_config": self.target_config(), "topology": f"1x1x{devices}"}
-        if devices not in self.tpu_topologies:
-            raise UserError(
-                f"devices={devices}: {self.name} slices here have {sorted(self.tpu_topologies)} chips", ("devices",)
-            )
-        return {"platform": "tpu", "topology_name": self.tpu_topologies[devices]}
+        topologies = self.tpu_topologies or {}
+        if devices not in topologies:
+            raise UserError(f"devices={devices}: {self.name} slices here have {sorted(topologies)} chips", ("devices",))
+        return {"platform": "tpu", "topology_name": topologies[devices]}
 
     def target_config(self) -> str:
         """XLA's GpuTargetConfigProto (text format) for this GPU."""
         g = self.gpu
+        if g is None:
+            raise ValueError(f"{self.name} is not a GPU")
         return f"""gpu_device_info {{
   threads_per_block_limit: 1024
   threads_per_warp: 32

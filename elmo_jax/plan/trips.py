@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from elmo_jax.plan.hlo import KNOWN_TRIP_COUNT
-from elmo_jax.plan.instruction import Instruction
+from elmo_jax.plan.instruction import Instruction, required
 
 Defs = dict[str, Instruction]  # every instruction of the program, by name
 Computations = dict[str, list[Instruction]]  # each computation's instructions, by name
@@ -26,7 +26,7 @@ def trip_count(loop: Instruction, defs: Defs, computations: Computations) -> int
     root = _root(computations, loop.called("condition")[0])
     if root is None or root.opcode != "compare" or len(root.operands) != 2:
         return None
-    direction = re.search(r"direction=(\w+)", root.attrs).group(1)
+    direction = required(r"direction=(\w+)", root.attrs).group(1)
     a, b = root.operands
     if _element(defs, a) is None:
         a, b, direction = b, a, _FLIPPED.get(direction, direction)
@@ -75,7 +75,7 @@ def _element(defs: Defs, name: str) -> int | None:
         return None
     if defs[inst.operands[0]].opcode != "parameter":
         return None
-    return int(re.search(r"index=(\d+)", inst.attrs).group(1))
+    return int(required(r"index=(\d+)", inst.attrs).group(1))
 
 
 def _increment(defs: Defs, name: str, index: int) -> int | None:

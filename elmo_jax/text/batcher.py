@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -34,9 +34,12 @@ from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.tokenized import Tokenized
 from elmo_jax.text.vocab import Vocabulary
 
+Leaf = TypeVar("Leaf")
 
-class Batch(NamedTuple):
-    """One batch of the bidirectional LM (numpy on the host, jax.Array on the devices; a pytree).
+
+class Batch(NamedTuple, Generic[Leaf]):
+    """One batch of the bidirectional LM (numpy on the host, jax.Array on the devices; a pytree,
+    whose leaves may also be their shardings or shapes).
 
     chars   (U, C) int32      char ids of the batch's distinct input tokens (spare rows 0)
     ids     (2, B, T) int32   row of `chars` at each position; axis 0: forward, backward
@@ -44,10 +47,10 @@ class Batch(NamedTuple):
     mask    (B, T) bool       positions that hold a token
     """
 
-    chars: np.ndarray
-    ids: np.ndarray
-    targets: np.ndarray
-    mask: np.ndarray
+    chars: Leaf
+    ids: Leaf
+    targets: Leaf
+    mask: Leaf
 
 
 QUEUED_WINDOWS = 16  # a row queues sentences for this many windows at a time
@@ -108,7 +111,7 @@ class _Queue(NamedTuple):
         return self.after.shape[1]
 
     def grown(self, capacity: int) -> _Queue:
-        return _Queue(*(None if a is None else np.pad(a, ((0, 0), (0, capacity - a.shape[1]))) for a in self))
+        return _Queue._make(None if a is None else np.pad(a, ((0, 0), (0, capacity - a.shape[1]))) for a in self)
 
 
 class _Window(NamedTuple):
@@ -253,10 +256,10 @@ class _Stream:
         q = self.queue
         flat = np.repeat(np.arange(n_rows) * q.capacity + self.fill - (np.cumsum(added) - added), added)
         flat += np.arange(total)
-        if q.forward_input is not None:
+        if q.forward_input is not None and q.forward_target is not None:
             q.forward_input.reshape(-1)[flat] = reads[g]
             q.forward_target.reshape(-1)[flat] = predicts[g + 1]
-        if q.backward_input is not None:
+        if q.backward_input is not None and q.backward_target is not None:
             mirror = np.repeat(2 * at + n + 1, count) - g
             q.backward_input.reshape(-1)[flat] = reads[mirror]
             q.backward_target.reshape(-1)[flat] = predicts[mirror - 1]
@@ -300,6 +303,7 @@ class StreamBatcher:
         vocab: Vocabulary,
         batch_size: int,
         unroll_steps: int,
+        *,
         seed: int = 0,
         shuffle: bool = True,
         single_pass: bool = False,
@@ -377,6 +381,9 @@ class StreamBatcher:
         if not mask.any():
             raise StopIteration
         types = self.tokenized.types
+        # The forward stream serves the forward LM, the last the backward LM (the same one when shared).
+        assert forward.forward_input is not None and forward.forward_target is not None
+        assert backward.backward_input is not None and backward.backward_target is not None
         ranks = np.stack([forward.forward_input, backward.backward_input])
         targets = np.stack([forward.forward_target, backward.backward_target])
         if not mask.all():  # a position without a token reads `<S>` (as it always has), predicts id 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,8 +23,11 @@ from elmo_jax.text.vocab import Vocabulary
 
 class Corpus(Protocol):
     name: str
-    # The lowest perplexity a model can expect on it, where that is known (the demo corpus).
-    floor_perplexity: float | None
+
+    @property
+    def floor_perplexity(self) -> float | None:
+        """The lowest perplexity a model can expect on it, where that is known (the demo corpus)."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -54,7 +57,11 @@ def shuffle_rng(stream: int, *key: int) -> np.random.Generator:
 class InMemory:
     """Corpus methods for a class with __len__ and __getitem__ (and a `name`)."""
 
-    floor_perplexity: float | None = None
+    if TYPE_CHECKING:  # what the class it is mixed into has
+
+        def __len__(self) -> int: ...
+
+        def __getitem__(self, i: Any) -> Any: ...
 
     def stream(self) -> Iterator[list[str]]:
         return (self[i] for i in range(len(self)))

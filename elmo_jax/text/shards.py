@@ -17,8 +17,9 @@ import fnmatch
 import logging
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -65,8 +66,8 @@ def _invalid_utf8(lines: list[bytes]) -> list[int]:
     return bad
 
 
-def _non_empty(f) -> list[bytes]:
-    return [line for line in f if line.strip()]
+def _non_empty(f: Iterable[bytes] | None) -> list[bytes]:
+    return [line for line in f or () if line.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +86,13 @@ class Shard:
         if self.member is None:
             with open(self.path, "rb") as f:
                 return _non_empty(f)
-        for name, f in iter_archive(self.path):
+        for name, member in iter_archive(self.path):
             if name == self.member:
-                return _non_empty(f)
+                return _non_empty(member)
         raise MissingFile(f"{self.path}: no member {self.member}")
 
 
-def iter_archive(path: Path) -> Iterator[tuple[str, object]]:
+def iter_archive(path: Path) -> Iterator[tuple[str, IO[bytes] | None]]:
     """(member name, file object) of each regular file of a .tar.gz, in archive order, read as a
     stream; a corrupt or truncated archive fails naming the member it was reading."""
     name = "(the archive header)"
@@ -110,7 +111,7 @@ class RecordBlock:
     """Records start..stop-1 of a random-access data source with a `text` feature (TFDS
     `data_source`), read as one shard; the text may be bytes or str."""
 
-    source: object
+    source: Any  # random access to records with a `text` feature
     start: int
     stop: int
     name: str
@@ -131,19 +132,21 @@ class ShardedCorpus:
 
     floor_perplexity = None  # unknown for real text
 
-    def __init__(self, name: str, shards: list[Shard] | list[RecordBlock]):
+    def __init__(self, name: str, shards: Sequence[Shard | RecordBlock]):
         self.name, self.shards = name, shards
         self._sizes: list[int] | None = None
         self._warned = False  # about lines not valid UTF-8
         self._tokenized: tuple | None = None
 
-    def _count(self) -> None:
+    def _count(self) -> list[int]:
+        """The non-empty lines of each shard (counted once)."""
         if self._sizes is None:
             sizes = [0] * len(self.shards)
             for index, shard_lines in self._stream_lines():
                 warn_invalid_utf8(self.shards[index].name, _invalid_utf8(shard_lines), "non-empty lines")
                 sizes[index] = len(shard_lines)
             self._sizes, self._warned = sizes, True
+        return self._sizes
 
     def _stream_lines(self) -> Iterator[tuple[int, list[bytes]]]:
         """(shard index, non-empty lines) of every shard in storage order (files one by one, an
@@ -159,17 +162,17 @@ class ShardedCorpus:
                 last = now
 
     def _shard_lines(self) -> Iterator[tuple[int, list[bytes]]]:
-        if getattr(self.shards[0], "member", None) is None:
+        first = self.shards[0]
+        if not isinstance(first, Shard) or first.member is None:
             yield from enumerate(s.lines() for s in self.shards)
             return
-        index = {s.member: i for i, s in enumerate(self.shards)}
-        for name, f in iter_archive(self.shards[0].path):
+        index = {s.member: i for i, s in enumerate(self.shards) if isinstance(s, Shard)}
+        for name, member in iter_archive(first.path):
             if name in index:
-                yield index[name], _non_empty(f)
+                yield index[name], _non_empty(member)
 
     def __len__(self) -> int:
-        self._count()
-        return sum(self._sizes)
+        return sum(self._count())
 
     def stream(self) -> Iterator[list[str]]:
         """Every sentence once, in storage order."""
@@ -181,7 +184,7 @@ class ShardedCorpus:
         key = (vocab.sha256, max_chars)
         if self._tokenized is None or self._tokenized[0] != key:
             if all(isinstance(s, Shard) and s.member is None for s in self.shards):
-                parts = tokenize_files([s.path for s in self.shards], vocab)
+                parts = tokenize_files([s.path for s in self.shards if isinstance(s, Shard)], vocab)
             else:
                 pieces: list = [None] * len(self.shards)
                 for index, lines in self._stream_lines():
@@ -200,14 +203,14 @@ class ShardedCorpus:
     ) -> np.ndarray:
         """The sentences group `group` of `groups` reads in `epoch` of stream `stream` (see the
         module doc and `Corpus.sentence_ids`)."""
-        self._count()
-        base = np.cumsum([0, *self._sizes])
+        sizes = self._count()
+        base = np.cumsum([0, *sizes])
         m = -(-groups // len(self.shards))
         pieces = [(s, j) for s in range(len(self.shards)) for j in range(m)]
         order = shuffle_rng(stream, seed, epoch).permutation(len(pieces)) if shuffle else np.arange(len(pieces))
         ids = [np.zeros(0, np.int64)]
         for s, j in (pieces[p] for p in order[group::groups]):
-            lines = np.arange(j, self._sizes[s], m)
+            lines = np.arange(j, sizes[s], m)
             if shuffle:
                 lines = lines[shuffle_rng(stream, seed, epoch, s, j).permutation(len(lines))]
             ids.append(base[s] + lines)

@@ -79,7 +79,8 @@ class Tokenized(NamedTuple):
 
 def join(parts: list[Lines], vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
     """The pieces of a corpus, in order, as one `Tokenized`."""
-    V, oov, ids = len(vocab), {}, []
+    V, ids = len(vocab), []
+    oov: dict[str, int] = {}
     for part in parts:
         to_global = np.array([V + oov.setdefault(w, len(oov)) for w in part.oov], np.int32)
         part_ids = part.ids.copy()

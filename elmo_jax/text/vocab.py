@@ -25,7 +25,7 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 class Vocabulary:
     def __init__(self, words: list[str], source: str = "vocabulary"):
         self.words = list(words)
-        self._id = {}
+        self._id: dict[str, int] = {}
         for i, w in enumerate(self.words):
             if w in self._id:
                 raise UserError(f"{source}: duplicate word {w!r} on lines {self._id[w] + 1} and {i + 1}")

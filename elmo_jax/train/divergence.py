@@ -52,7 +52,7 @@ class DivergenceCheck:
         self.checkpoints, self.hp, self.factor = checkpoints, hp, factor
         self.bound = factor * math.log(hp.n_tokens_vocab)  # the loss no run may log
         self.lowest = math.inf  # the lowest window mean since the run (re)started
-        self.rising_since = None  # the first step of the current run of windows above factor x lowest
+        self.rising_since: int | None = None  # the first step of the current run of windows above factor x lowest
         self.rising = 0  # how many windows in that run
 
     def metrics(self, step: int, values: dict[str, float]) -> None:

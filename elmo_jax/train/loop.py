@@ -43,17 +43,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     """Runs (or resumes) training in `workdir`; returns the final held-out evaluation ({} when
     stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run)."""
     experiment.validate(config)
-    workdir = Workdir(workdir)
-    made = workdir.create()
-    lock = RunLock(workdir) if jax.process_index() == 0 else None
+    run = Workdir(workdir)
+    made = run.create()
+    lock = RunLock(run) if jax.process_index() == 0 else None
     preemption = Preemption()
     try:
-        return _train(config, workdir, preemption)
+        return _train(config, run, preemption)
     except BaseException:
         if lock is not None:
             lock.release()
             lock = None
-        workdir.discard(made)  # a start that failed leaves no workdir of its own behind
+        run.discard(made)  # a start that failed leaves no workdir of its own behind
         raise
     finally:
         preemption.close()
@@ -184,6 +184,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
         return {}
 
     def evaluate_heldout(params, max_sentences: int | None = None) -> dict[str, float]:
+        assert heldout is not None, "called only where there is held-out text"
         return evaluate(
             params, heldout, vocab, model_config, t.eval_batch_size, t.unroll_steps, max_sentences, parallel
         )

@@ -9,6 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from typing import Any, TextIO
 
 import jax
 
@@ -25,8 +26,8 @@ log = logging.getLogger(__name__)
 class MetricWriter:
     def __init__(self, workdir: Workdir):
         self.is_writer = jax.process_index() == 0
-        self.jsonl = None
-        self.tensorboard = None
+        self.jsonl: TextIO | None = None
+        self.tensorboard: Any = None  # tensorboardX's SummaryWriter on the writing process
         if self.is_writer:
             from tensorboardX import SummaryWriter
 
@@ -39,7 +40,7 @@ class MetricWriter:
     def write(self, step: int, kind: str, values: dict[str, float]) -> None:
         """One record: `kind` is "train" or "eval"; values are plain floats (non-finite ones are
         null in metrics.jsonl and left out of TensorBoard)."""
-        if not self.is_writer:
+        if self.jsonl is None or self.tensorboard is None:  # not the writing process
             return
         self.jsonl.write(strict_json.dumps({"step": step, "kind": kind, **values}) + "\n")
         self.jsonl.flush()
@@ -49,7 +50,7 @@ class MetricWriter:
         self.tensorboard.flush()
 
     def close(self) -> None:
-        if self.is_writer:
+        if self.jsonl is not None and self.tensorboard is not None:
             self.jsonl.close()
             self.tensorboard.close()
 
@@ -69,7 +70,9 @@ class TrainWindow:
 
     def restart(self) -> None:
         """An empty window from now."""
-        self.start, self.steps, self.tokens, self.sums, self.excluded = time.monotonic(), 0, 0, {}, 0.0
+        self.start, self.steps, self.excluded = time.monotonic(), 0, 0.0
+        self.tokens: float = 0
+        self.sums: dict[str, float] = {}
         self.waited = 0.0  # seconds the loop waited for its next batch
 
     @contextlib.contextmanager

@@ -41,8 +41,8 @@ class DataParallel:
             )
         # Ordered by process, so each process's devices hold one contiguous block of rows
         # (jax.make_mesh may reorder devices by physical topology, e.g. on TPU pods).
-        devices = sorted(available[:n], key=lambda d: (d.process_index, d.id))
-        self.mesh = Mesh(np.array(devices), (AXIS,), axis_types=(AxisType.Auto,))
+        chosen = sorted(available[:n], key=lambda d: (d.process_index, d.id))
+        self.mesh = Mesh(np.array(chosen), (AXIS,), axis_types=(AxisType.Auto,))
         self.size = n
         self.local_size = sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -63,7 +63,8 @@ class DataParallel:
     def local_rows(self, global_rows: int) -> range:
         """The global batch rows whose shards live on this process's devices."""
         self.check_rows(global_rows, "batch")
-        slices = sorted(s[0].start or 0 for s in self.rows.addressable_devices_indices_map((global_rows,)).values())
+        indices = self.rows.addressable_devices_indices_map((global_rows,)).values()
+        slices = sorted((s[0].start or 0) if s else 0 for s in indices)
         per_device = global_rows // self.size
         start = slices[0]
         if slices != list(range(start, start + per_device * len(slices), per_device)):

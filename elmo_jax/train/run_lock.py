@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class RunLock:
     def __init__(self, workdir: Workdir):
         self.path = workdir.lock
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -37,6 +37,7 @@ class RunLock:
         os.fsync(self.fd)
 
     def _holder(self) -> str:
+        assert self.fd is not None, "read while held"
         return os.pread(self.fd, 200, 0).decode(errors="replace").strip()
 
     def release(self) -> None:

@@ -18,6 +18,7 @@ vocabulary. The full softmax differentiates and updates the whole table.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -176,7 +177,9 @@ def _local_losses(
     if jax.lax.axis_size(AXIS) > 1:
         tokens_UP = jax.lax.all_gather(tokens_UP, AXIS, tiled=True)
     with jax.named_scope("lstm"):
-        top_2bTP, new_state = lstm_top(lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep, dropout, _varying)
+        top_2bTP, new_state = lstm_top(
+            lstm_params, tokens_UP, ids_2bT, mask_bT, state, config, keep_masks=keep, dropout=dropout, mark=_varying
+        )
     mask_n = mask_bT.reshape(-1)
     sums = []
     with jax.named_scope("softmax"):
@@ -329,7 +332,8 @@ def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: Softm
     grad_norm = _global_norm(grads)
     grads = jax.tree.map(lambda g: _clipped(g, grad_norm, hp.all_clip_norm_val), grads)
     updates, dense_state = dense_optimizer(hp).update(_without_softmax(grads), state.opt_state["dense"])
-    lr, factor = hp.batch_learning_rate(), warmup(hp, state.step)
+    lr: float | jax.Array = hp.batch_learning_rate()
+    factor = warmup(hp, state.step)
     if factor is not None:  # Adagrad's update is linear in its rate
         updates, lr = jax.tree.map(lambda u: u * factor, updates), lr * factor
     new_params = optax.apply_updates(_without_softmax(state.params), updates)
@@ -372,7 +376,8 @@ def train_step(
         "grad_norm": grad_norm,
         "tokens": batch.mask.sum(),
     }
-    new_state = state.replace(
+    new_state = dataclasses.replace(
+        state,
         params=new_params,
         opt_state=opt_state,
         lstm_state=lstm_state,
@@ -385,8 +390,8 @@ def make_train_step(config: ModelConfig, hp: TrainSettings, parallel: DataParall
     """The jitted train step over `parallel`'s mesh (default: one device, arrays left where
     they are); the incoming state's buffers are donated. With `state_shardings` (see
     DataParallel.state_shardings) the state and the batch are laid out on the mesh."""
-    mesh = (parallel or data_parallel(1)).mesh
-    step = functools.partial(train_step, config=config, hp=hp, mesh=mesh)
+    parallel = parallel or data_parallel(1)
+    step = functools.partial(train_step, config=config, hp=hp, mesh=parallel.mesh)
     if state_shardings is None:
         return jax.jit(step, donate_argnums=0)
     return jax.jit(
