@@ -1,12 +1,15 @@
 """Every command the docs name exists, with the flags they give it: `elmo-jax` commands (and
-`python -m elmo_jax`, `launch.py`) and their flags and `--config.SECTION.NAME` settings, the
-benchmarks' modules and their flags, make targets and scripts. The reference docs only (README,
+`python -m elmo_jax`, `launch.py`) and their flags and `--config.SECTION.NAME` settings (their
+--help: tests/test_command_line.py), the benchmarks' modules and their flags (each run with
+--help), make targets and scripts. The reference docs only (README,
 docs/, benchmarks/README.md): docs/archive/ keeps commands as they were run on the day."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,8 @@ from elmo_jax.commands.flags import COMMON_FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_CODE = re.compile(r"```(?:bash|sh|console)?\n(.*?)```|`([^`\n]+)`", re.S)
+# Fenced blocks, inline spans (which may wrap a line) and indented blocks (4 spaces after a blank line).
+_CODE = re.compile(r"```[\w-]*\n(.*?)```|`([^`\n]+(?:\n[^`\n]+)*)`|(?:^|\n)\n((?: {4}.*(?:\n|$))+)", re.S)
 _ELMO_JAX = re.compile(r"(?:elmo-jax|python3? -m elmo_jax|python3? launch\.py)\s+([a-z_]+)(.*)")
 _BENCHMARK = re.compile(r"python3? -m (benchmarks(?:\.\w+)+)(.*)")
 _MAKE = re.compile(r"\bmake ([a-z][\w-]*)")
@@ -28,8 +32,9 @@ _FLAG = re.compile(r"(?<![\w-])--([a-z][\w.]*)")
 def _snippets(path: Path) -> list[str]:
     """The doc's code: each line of its code blocks (continuations joined) and each inline span."""
     out = []
-    for block, span in _CODE.findall(path.read_text()):
-        out += block.replace("\\\n", " ").splitlines() if block else [span]
+    for fenced, span, indented in _CODE.findall(path.read_text()):
+        block = fenced or indented
+        out += block.replace("\\\n", " ").splitlines() if block else [span.replace("\n", " ")]
     return [re.split(r"\s(?:&&|\||;|#)\s", s)[0] for s in out]
 
 
@@ -74,6 +79,16 @@ def test_each_benchmark_a_doc_names_exists_with_its_flags(doc, module):
         if (d, name) == (doc, module):
             for flag in _FLAG.findall(rest):
                 assert f'"--{flag}"' in source, f"{doc}: python -m {module} --{flag}: no such flag"
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("module", sorted({g[0] for _, g in _named(_BENCHMARK)}))
+def test_each_benchmark_a_doc_names_runs_its_help_with_the_flags_the_docs_give(module):
+    shown = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage:"), shown.stderr[-2000:]
+    for doc, (name, rest) in _named(_BENCHMARK):
+        for flag in _FLAG.findall(rest) if name == module else ():
+            assert f"--{flag}" in shown.stdout, f"{doc}: python -m {module} --{flag}: not in its --help"
 
 
 def test_each_make_target_and_script_a_doc_names_exists():
