@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.speed.plan_rates import markdown
 from elmo_jax.plan.kernels import Kernel
-from elmo_jax.plan.rates import FEATURES, expected, features, fit, leave_one_out, table
+from elmo_jax.plan.rates import FEATURES, expected, features, fit, kernel_seconds, leave_one_out, table
 from elmo_jax.plan.targets import target
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
@@ -62,3 +62,20 @@ def test_no_expected_time_where_none_was_measured_on_its_kind():
     assert expected(kernels, target("v5e"), 0.0) is None
     h100 = expected(kernels, target("h100"), 0.0)
     assert h100["borrowed"] and h100["rates_from"] == "h200"
+
+
+def test_the_kernels_expected_seconds_add_up_to_the_expected_step(h200):
+    """step_profile's per-kernel expectation (`kernel_seconds`) and `expected`'s step are one
+    model: the kernels' seconds plus the fixed cost of a step are the step; a collective has none."""
+    target_ = target("h200")
+    kernels = [
+        _kernel("matmul", 989e12 * 1e-3, 4.8e12 * 1e-4, runs=2),
+        _kernel("elementwise", 0, 4.8e9, runs=21),
+        _kernel("pallas", 0, 1e8),
+        _kernel("collective", 0, 1e9),
+    ]
+    rates = h200["rates"]
+    seconds = [kernel_seconds(k, target_, rates) for k in kernels]
+    assert seconds[-1] is None and all(s > 0 for s in seconds[:-1])
+    step = expected(kernels, target_, 0.0)["step_s"]
+    assert sum(s for s in seconds if s is not None) + rates["step"] == pytest.approx(step, rel=1e-12)

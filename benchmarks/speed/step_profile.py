@@ -140,15 +140,11 @@ def kernel_classes(hlo_text: str, target) -> dict[str, tuple[str, float | None]]
     if target is None:
         return {}
     from elmo_jax.plan.kernels import Program
-    from elmo_jax.plan.rates import feature_of, table
+    from elmo_jax.plan.rates import feature_of, kernel_seconds, rates_table
 
-    rates = (table(target.name) or table("h200"))["rates"]
-    classes = {}
-    for k in Program(hlo_text, target.platform).kernels():
-        feature = feature_of(k, target)
-        seconds = k.runs * (k.floor(target) * rates[feature] + rates["launches"]) if feature else None
-        classes[k.name] = (feature or "collective", seconds)
-    return classes
+    rates = rates_table(target)["rates"]
+    kernels = Program(hlo_text, target.platform).kernels()
+    return {k.name: (feature_of(k, target) or "collective", kernel_seconds(k, target, rates)) for k in kernels}
 
 
 def describe(profile: dict) -> str:

@@ -70,6 +70,13 @@ def predict(x: dict[str, float], rates: dict[str, float]) -> float:
     return sum(x[f] * rates[f] for f in FEATURES)
 
 
+def kernel_seconds(kernel: Kernel, target, rates: dict[str, float]) -> float | None:
+    """One kernel's expected seconds a step at `rates`: its floor at its class's rate and its
+    launches (`predict`'s terms for this kernel alone); None for a collective."""
+    feature = feature_of(kernel, target)
+    return None if feature is None else kernel.runs * (kernel.floor(target) * rates[feature] + rates["launches"])
+
+
 def fit(runs: list[dict]) -> dict[str, float]:
     """Rates for runs [{"features": {...}, "measured_s": s}, ...]: non-negative least squares of
     the relative errors, each rate held towards its prior."""
@@ -109,14 +116,20 @@ def table(target_name: str) -> dict | None:
     return json.loads(resources.files("elmo_jax.plan").joinpath(f"rates_{target_name}.json").read_text())
 
 
+def rates_table(target) -> dict:
+    """The rates' table of a GPU target: its own where measured, else the H200's."""
+    data = table(target.name) or table("h200")
+    assert data is not None, "the H200's rates ship with the package"
+    return data
+
+
 def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None:
     """The expected step on `target` and where it comes from, or None (a TPU: no rates measured
     on one, and its compiler's kernels are not a GPU's). A GPU other than the H200 borrows the
     H200's rates for its own floors."""
     if target.platform != "cuda":
         return None
-    data = table(target.name) or table("h200")
-    assert data is not None, "the H200's rates ship with the package"
+    data = rates_table(target)
     rates = data["rates"]
     x = features(kernels, target)
     by_kernel = sorted(
