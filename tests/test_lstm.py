@@ -7,14 +7,9 @@ import pytest
 from float32_tolerance import BFLOAT16_EPS, EPS, assert_within_rounding, value_and_rounding_spread
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig
-from elmo_jax.model.lstm import (
-    LSTMState,
-    cell,
-    dropout_keep_masks,
-    input_gates,
-    lstm_stacks,
-    split_input_weights,
-)
+from elmo_jax.model.dropout import dropout_keep_masks
+from elmo_jax.model.lstm import LSTMState, cell, lstm_stacks, split_input_weights
+from elmo_jax.model.wavefront import input_gates
 
 RATE = 0.3
 

@@ -36,7 +36,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from benchmarks.common import EXPERIMENTS, size, timed
 from elmo_jax.config import ModelConfig
 from elmo_jax.host_memory import keep_freed_memory
-from elmo_jax.model.lstm import LSTMState, dropout_keep_masks, init_lstm, lstm_stacks
+from elmo_jax.model.dropout import dropout_keep_masks
+from elmo_jax.model.lstm import LSTMState, init_lstm, lstm_stacks
 
 
 def loop_step_seconds(directions: int, B: int, P: int, G: int, steps: int, devices: int = 1, reps: int = 10) -> float:

@@ -17,8 +17,10 @@ import numpy as np
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
-from elmo_jax.model.lstm import LSTMState, apply_dropout, init_lstm, input_gates, lstm_stacks
+from elmo_jax.model.dropout import apply_dropout
+from elmo_jax.model.lstm import LSTMState, init_lstm, lstm_stacks
 from elmo_jax.model.token_encoder import encode_tokens, init_token_encoder
+from elmo_jax.model.wavefront import input_gates
 
 
 def init_params(rng: jax.Array, config: ModelConfig, vocab_size: int | None) -> Params:

@@ -14,7 +14,7 @@ the same arithmetic take 8 and 7 and write each save slot with a kernel of its o
   next step's gradient of the unclipped projection.
 
 On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the
-same numbers as the XLA cell (`lstm._xla_train_loop`, `lstm._xla_backward_loop`; the arithmetic
+same numbers as the XLA cell (`wavefront._xla_train_loop`, `wavefront._xla_backward_loop`; the arithmetic
 of both is `cell_math`'s). Each kernel takes its inputs and outputs by name (`_call`); save slots
 are whole buffers passed through, an output named as its input (`input_output_aliases`), and
 written at the step's slot in place; each kernel declares the bytes it reads and writes, counted

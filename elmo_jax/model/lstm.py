@@ -16,19 +16,14 @@ Two schedules of the layers, the same numbers (`ModelConfig.lstm_schedule`):
   steps in one matmul before the loop: each step reads only the recurrent weights, the faster
   schedule where reading weights bounds the loop (this CPU at the published sizes).
 
-Both run `_wavefront` (a single layer is a wavefront of one); its gradient is written by hand
-and runs the same diagonal backwards. With several layers, the training step's cell can run as
-Pallas kernels of our own, two a step each way (`ModelConfig.lstm_cell`, `cell_kernels`).
-
-Letters: L layers, D directions, B rows, T times, S = T + L - 1 slots, P projection, C cell,
-G = 4C gates, Q = 2P the rows of [inputs; h] (the gates' matmul in the loop), K = 2P + 1 the
-rows of W_0 with the bias's (`with_bias`), U = L - 1 the layers above the first (the dropout on
-their inputs), J the parts of the cell's columns that our kernels' matmuls run in.
+Both run `wavefront.wavefront` (a single layer is a wavefront of one); its gradient is written
+by hand and runs the same diagonal backwards. With several layers, the training step's cell can
+run as Pallas kernels of our own, two a step each way (`ModelConfig.lstm_cell`, `cell_kernels`).
+Letters as in `wavefront`'s doc.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
@@ -39,17 +34,8 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
-from elmo_jax.model.cell_kernels import backward_cell, backward_output, forward_cell, forward_output, parts
-from elmo_jax.model.cell_math import (
-    activation,
-    activation_gradient,
-    cell_gradients,
-    cell_update,
-    clipped,
-    clipped_gradient,
-    gate_constants,
-)
-from elmo_jax.model.matmul import einsum, rounded_einsum, rounds_results
+from elmo_jax.model.dropout import apply_dropout
+from elmo_jax.model.wavefront import Clips, Stack, wave_infer, wavefront, with_bias
 
 Leaf = TypeVar("Leaf")
 
@@ -87,117 +73,6 @@ def init_lstm(rng: jax.Array, config: ModelConfig) -> Params:
     return params
 
 
-class _Clips(NamedTuple):
-    cell: float | None
-    proj: float | None
-
-
-class _Stack(NamedTuple):
-    """What the wavefront needs besides arrays (hashable: a custom_vjp static argument)."""
-
-    clips: _Clips
-    skip: bool  # residual around layers >= 1
-    dropout: float  # the rate of `keep`, the dropout on layers >= 1's inputs
-    unroll: int
-    dtype: str
-    cell: str  # "xla" or "pallas": the training step's cell as kernels of our own (`cell_kernels`)
-
-    @classmethod
-    def of(cls, config: ModelConfig, dropout: float) -> _Stack:
-        cfg = config.lstm
-        clips = _Clips(cell=cfg.cell_clip, proj=cfg.proj_clip)
-        return cls(clips, cfg.use_skip_connections, dropout, config.scan_unroll, config.compute_dtype, cell(config))
-
-
-class _Wave(NamedTuple):
-    """A time loop's inputs by slot: S = T + L - 1 slots, slot s holds layer l's time s - l."""
-
-    x_DBSP: jax.Array  # layer 0's inputs, padded to S slots
-    mask_LBS: jax.Array  # where each layer's step ran (False outside its 0..T-1)
-    keep_UDBSP: jax.Array | None  # the dropout's keep masks on layers >= 1's inputs, by slot
-    skip_L: np.ndarray  # (L, 1, 1, 1): the residual around layer l
-    T: int
-
-
-class _Slots(NamedTuple):
-    """The training forward's save buffers (L, D, B, S, .), written at each step's slot: the
-    state h and c each step leaves (slot s - 1's is what step s read), its gate activations (in
-    the compute dtype: with bfloat16 matmuls, half the bytes of the loops' largest arrays), the
-    layers' outputs (several layers: layers >= 1 read the layer below's of the step before from
-    its slot, not carried) and the projection's operand (our kernels save it)."""
-
-    h: jax.Array
-    acts: jax.Array
-    c: jax.Array
-    out: jax.Array | None = None
-    a: jax.Array | None = None
-
-
-class _Saved(NamedTuple):
-    """What the training forward leaves its backward pass; by slot (L, D, B, S, .) where named so."""
-
-    W_0: jax.Array  # (L, D, 2P, G), without the bias's row
-    h0: jax.Array  # the initial state (L, D, B, P) and (L, D, B, C)
-    c0: jax.Array
-    W_loop: jax.Array  # the weights as the loop read them (cast; with our kernels, in J parts)
-    W_proj_loop: jax.Array
-    mask_LBS: jax.Array
-    keep_UDBSP: jax.Array | None
-    in_LDBSP: jax.Array  # each layer's inputs
-    h_LDBSP: jax.Array  # _Slots' h, acts and c
-    acts_LDBSG: jax.Array
-    c_LDBSC: jax.Array
-    a_LDBSC: jax.Array | None  # the projection's operand, where our kernels saved it
-
-
-class _GradientSlots(NamedTuple):
-    """The backward pass's save buffers (L, D, B, S, .): the gates' gradient and the unclipped
-    projection's (compute dtype: the weight gradients' matmuls read them) and, with several
-    layers, the input gradients: layer 0's (1, D, B, S, P), the stack's, or (our kernels) every
-    layer's, as the next step reads what each passes down."""
-
-    d_gates: jax.Array
-    d_h_raw: jax.Array
-    d_in: jax.Array | None
-
-
-def _slots_like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
-    """A buffer whose every slot a loop writes before anything reads it: left uninitialised on
-    accelerators (zeros on CPU), not filled with zeros first. Adding a zero of `x` makes it as
-    device-varying as `x` under shard_map; XLA drops the addition."""
-    return jax.lax.empty(shape, dtype) + jnp.zeros_like(x, dtype, shape=())
-
-
-def _skew(x: jax.Array, S: int, axis: int, fill=0, first: int = 0) -> jax.Array:
-    """Layer l (axis 0 holds layers first, first + 1, ...) shifted l slots later along the time
-    `axis` (T -> S = T + L - 1 slots): slot s holds layer l's time s - l, so that one loop step
-    s serves every layer at once."""
-    T = x.shape[axis]
-    pads = [[(0, 0)] * (x.ndim - 1) for _ in range(x.shape[0])]
-    for shift, pad in enumerate(pads, start=first):
-        pad[axis - 1] = (shift, S - T - shift)
-    return jnp.stack([jnp.pad(x[i], pad, constant_values=fill) for i, pad in enumerate(pads)])
-
-
-def _unskew(x: jax.Array, T: int, axis: int) -> jax.Array:
-    return jnp.stack([jax.lax.slice_in_dim(x[layer], layer, layer + T, axis=axis - 1) for layer in range(x.shape[0])])
-
-
-def _at_slot(x: jax.Array, s, axis: int = 3) -> jax.Array:
-    return jax.lax.dynamic_index_in_dim(x, s, axis=axis, keepdims=False)
-
-
-def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Array:
-    return jax.lax.dynamic_update_index_in_dim(buffer, value, s, axis=axis)
-
-
-def input_gates(W_0: jax.Array, b: jax.Array, x_DNP: jax.Array, dtype: str = "float32") -> jax.Array:
-    """One layer's input half of the gates of each direction, x @ W_0[:P] + b: W_0 (D, 2P, 4C)
-    (or its input half W_x, (D, P, 4C)), b (D, 4C), inputs (D, ..., P) -> (D, ..., 4C)."""
-    P = x_DNP.shape[-1]
-    return einsum("d...p,dpg->d...g", x_DNP, W_0[:, :P], dtype) + jnp.expand_dims(b, range(1, x_DNP.ndim - 1))
-
-
 def split_input_weights(lstm_params: Params) -> Params:
     """The LSTM params with each layer's W_0 (D, 2P, 4C) as its input half `W_x` (D, P, 4C) and
     recurrent half `W_h` (D, P, 4C): for inference in loops of one layer (the layers schedule,
@@ -209,393 +84,6 @@ def split_input_weights(lstm_params: Params) -> Params:
         rest = {k: v for k, v in layer.items() if k != "W_0"}
         out[name] = {**rest, "W_x": layer["W_0"][:, :P], "W_h": layer["W_0"][:, P:]}
     return out
-
-
-def _wave(x_DBTP: jax.Array, mask_BT: jax.Array, keep: jax.Array | None, L: int, st: _Stack) -> _Wave:
-    """The inputs (D, B, T, P), mask (B, T) and keep masks (L - 1, D, B, T, P) of L layers by slot."""
-    T = x_DBTP.shape[2]
-    S = T + L - 1
-    x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
-    mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, *mask_BT.shape)), S, axis=2, fill=False)
-    keep_UDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)
-    skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-    return _Wave(x_DBSP, mask_LBS, keep_UDBSP, skip_L, T)
-
-
-def _gate_inputs(wave: _Wave, W_loop, b, gates_x_1DBSG, st: _Stack):
-    """-> gates(s, h, outs): step s's layers' inputs (L, D, B, P) and gate pre-activations
-    (L, D, B, G), from the state h it reads and (several layers) the layers' outputs by slot.
-    One layer adds its input half, computed for all slots before the loop (`gates_x_1DBSG`), to
-    h's; several run one batched matmul [inputs; h] @ W_0 a step. The matmul's result, the loop's
-    largest array, is rounded to the compute dtype (half its bytes written and read; XLA on CPU
-    rounds it anyway, which the tests check)."""
-
-    def one_layer(s, h, outs):
-        inputs = _at_slot(wave.x_DBSP, s, axis=2)[None]
-        return inputs, _at_slot(gates_x_1DBSG, s) + einsum("ldbp,ldpg->ldbg", h, W_loop, st.dtype, rounded=True)
-
-    def layers(s, h, outs_LDBSP):
-        # Layer l >= 1 reads layer l - 1's output of the last step (none before slot 0: the
-        # uninitialised slot is not read, as layers >= 1 start at slot l).
-        upper = jnp.where(s == 0, 0.0, _at_slot(outs_LDBSP, jnp.maximum(s - 1, 0))[:-1])
-        if wave.keep_UDBSP is not None:
-            upper = apply_dropout(_at_slot(wave.keep_UDBSP, s), upper, st.dropout)
-        inputs = jnp.concatenate([_at_slot(wave.x_DBSP, s, axis=2)[None], upper])
-        rows = jnp.concatenate([inputs, h], axis=-1)
-        return inputs, einsum("ldbq,ldqg->ldbg", rows, W_loop, st.dtype, rounded=True) + b[:, :, None]
-
-    return one_layer if gates_x_1DBSG is not None else layers
-
-
-def _cell(acts, h, c, inputs, m, W_proj_loop, skip_L, st: _Stack):
-    """XLA's cell after the gates: activations (L, D, B, G), the state h, c it read, the layers'
-    inputs, where it ran (L, D, B, 1) -> (the state it leaves h, c, the layers' outputs)."""
-    si, tj, sf, so = jnp.split(acts, 4, axis=-1)
-    c_new = cell_update(si, tj, sf, c, st.clips.cell)
-    h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
-    h_new = clipped(h_raw, st.clips.proj)
-    out = _layer_outputs(h_new, inputs, m, skip_L)
-    return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out
-
-
-def _loop_weights(W_0, W_proj, x_DBSP, b, st: _Stack, gates_DBTG=None, J: int | None = None):
-    """The weights a loop reads, sliced and cast here, once (XLA would slice and convert a
-    loop-invariant weight again at every step): one layer's recurrent half W_h (L, D, P, G) and
-    its input half's product for all slots (1, D, B, S, G: `gates_DBTG` where given), several
-    layers' W_0 (L, D, 2P, G), in J parts of the cell's columns (L, D, J, 2P, 4, C / J) for our
-    kernels (`cell_kernels.parts`); and W_proj (L, D, C, P). W_0 may come as its halves (W_x,
-    W_h) (`split_input_weights`). -> (W_loop, W_proj_loop, the input half's gates or None)."""
-    split = isinstance(W_0, tuple)
-    L, P = (W_0[1] if split else W_0).shape[0], x_DBSP.shape[-1]
-    gates_x_1DBSG = None
-    if L == 1:
-        W_x, W_loop = W_0 if split else (W_0[:, :, :P], W_0[:, :, P:])
-        gates_x_1DBSG = (input_gates(W_x[0], b[0], x_DBSP, st.dtype) if gates_DBTG is None else gates_DBTG)[None]
-    else:
-        W_loop = W_0
-    if J is not None:
-        C = W_proj.shape[2]
-        W_loop = jnp.moveaxis(W_loop.reshape(L, -1, 2 * P, 4, J, C // J), 4, 2)
-    return W_loop.astype(st.dtype), W_proj.astype(st.dtype), gates_x_1DBSG
-
-
-def _wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack, *, reset_BT=None, gates_DBTG=None):
-    """L layers without saving anything for a backward pass -> outputs (L, D, B, T, P), final h
-    (L, D, B, P) and c (L, D, B, C). Arrays as `_wavefront`'s, W_0 (L, D, 2P, G) and b (L, D, G)
-    apart or W_0 as one layer's halves (W_x, W_h) each (1, D, P, G) (`split_input_weights`).
-    Where `reset_BT` is True the state restarts from zero (another sentence in the row).
-    `gates_DBTG`: one layer's `input_gates` of x, already computed."""
-    L = W_proj.shape[0]
-    wave = _wave(x_DBTP, mask_BT, keep, L, st)
-    S = wave.mask_LBS.shape[2]
-    W_loop, W_proj_loop, gates_x_1DBSG = _loop_weights(W_0, W_proj, wave.x_DBSP, b, st, gates_DBTG)
-    gates = _gate_inputs(wave, W_loop, b, gates_x_1DBSG, st)
-    slope, offset, shift = gate_constants(W_proj.shape[2])
-    if reset_BT is not None:  # applied to the state a step leaves for the next (slot 0's: before the loop)
-        reset_LBS = _skew(jnp.broadcast_to(reset_BT, wave.mask_LBS.shape[:2] + (wave.T,)), S, axis=2, fill=False)
-        first = reset_LBS[:, None, :, 0, None]
-        h_LDBP, c_LDBC = jnp.where(first, 0.0, h_LDBP), jnp.where(first, 0.0, c_LDBC)
-        reset_after_LBS = jnp.pad(reset_LBS[:, :, 1:], ((0, 0), (0, 0), (0, 1)))
-
-    def step(s, carry):
-        h, c, outs = carry
-        inputs, z = gates(s, h, outs)
-        m = wave.mask_LBS[:, None, :, s, None]
-        h, c, out = _cell(activation(z, slope, offset, shift), h, c, inputs, m, W_proj_loop, wave.skip_L, st)
-        outs = _put_slot(outs, s, out)
-        if reset_BT is not None:
-            restart = reset_after_LBS[:, None, :, s, None]
-            h, c = jnp.where(restart, 0.0, h), jnp.where(restart, 0.0, c)
-        return h, c, outs
-
-    outs = _slots_like(x_DBTP, (*h_LDBP.shape[:3], S, h_LDBP.shape[-1]), x_DBTP.dtype)
-    h, c, outs = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, outs), unroll=st.unroll)
-    return _unskew(outs, wave.T, axis=3), h, c
-
-
-def _train_slots(x_DBTP: jax.Array, L: int, D: int, B: int, S: int, C: int, st: _Stack, own_cell: bool) -> _Slots:
-    """Empty save buffers of the training forward (`_Slots`)."""
-    P, f32 = x_DBTP.shape[-1], x_DBTP.dtype
-
-    def slots(width, dtype):
-        return _slots_like(x_DBTP, (L, D, B, S, width), dtype)
-
-    h, acts, c = slots(P, f32), slots(4 * C, st.dtype), slots(C, f32)
-    out = slots(P, f32) if L > 1 else None
-    return _Slots(h, acts, c, out, slots(C, st.dtype) if own_cell else None)
-
-
-def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, c_LDBC, slots: _Slots, st: _Stack):
-    """The training forward with XLA's cell -> (final h, final c, the save buffers written)."""
-    gates = _gate_inputs(wave, W_loop, b, gates_x_1DBSG, st)
-    slope, offset, shift = gate_constants(W_proj_loop.shape[2])
-    L = W_proj_loop.shape[0]
-
-    def step(s, carry):
-        h, c, slots = carry
-        inputs, z = gates(s, h, slots.out)
-        # The activations are saved first and read back: the pass that computes them writes them
-        # there once, and the cell uses the values the backward pass reads (with bfloat16
-        # matmuls, rounded: the training forward differs from inference's by that rounding).
-        slots = slots._replace(
-            acts=_put_slot(slots.acts, s, activation(z, slope, offset, shift).astype(slots.acts.dtype))
-        )
-        acts = _at_slot(slots.acts, s).astype(jnp.float32)
-        m = wave.mask_LBS[:, None, :, s, None]
-        h, c, out = _cell(acts, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
-        slots = slots._replace(h=_put_slot(slots.h, s, h), c=_put_slot(slots.c, s, c))
-        if L > 1:
-            slots = slots._replace(out=_put_slot(slots.out, s, out))
-        return h, c, slots
-
-    return jax.lax.fori_loop(0, wave.mask_LBS.shape[2], step, (h_LDBP, c_LDBC, slots), unroll=st.unroll)
-
-
-def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: _Slots, st: _Stack):
-    """The training forward with the cell and the outputs as our kernels (several layers), the
-    next step's operand [inputs; h] carried -> (final h, final c, the save buffers written).
-    W_loop (L, D, J, 2P, 4, C / J): the gates' weights in J parts of the cell's columns."""
-    L, D, B, P = h_LDBP.shape
-    J = W_loop.shape[2]
-    C = W_proj_loop.shape[2]
-    J_proj = parts(C, L * D * B * P)  # the projection's operand's parts
-    ran_LBS, keep_8, rate = _kernel_masks(wave.mask_LBS, wave.keep_UDBSP, st.dropout)
-
-    def step(s, carry):
-        h, rows, slots = carry
-        # The gates' product in the weights' parts of the cell's columns, the rows broadcast to each.
-        rows_J = jnp.broadcast_to(rows[:, :, None], (L, D, J, B, 2 * P))
-        z = rounded_einsum("ldjbq,ldjqn->ldjbn", rows_J, W_loop.reshape(L, D, J, 2 * P, -1), st.dtype)
-        z = z.reshape(L, D, J, B, 4, C // J)
-        acts, cells, a_slots, a = forward_cell(
-            s, z, b_LDG=b, c0_LDBC=c_LDBC, mask_LBS=ran_LBS, acts_LDBSG=slots.acts, c_LDBSC=slots.c,
-            a_LDBSC=slots.a, J=J_proj, clip=st.clips.cell,
-        )  # fmt: skip
-        if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
-            h_raw = einsum("ldbc,ldcp->ldbp", _joined(a), W_proj_loop, st.dtype)[:, :, None]
-        else:  # J_proj partial products, which forward_output adds
-            h_raw = einsum("ldjbc,ldjcp->ldjbp", a, W_proj_loop.reshape(L, D, J_proj, -1, P), st.dtype)
-        h_slots, outs, h, rows = forward_output(
-            s, h_raw, h, mask_LBS=ran_LBS, x_DBSP=wave.x_DBSP, keep_UDBSP=keep_8, h_LDBSP=slots.h,
-            out_LDBSP=slots.out, clip=st.clips.proj, skip=st.skip, rate=rate, dtype=st.dtype,
-        )  # fmt: skip
-        return h, rows, _Slots(h_slots, acts, cells, outs, a_slots)
-
-    inputs = jnp.concatenate([wave.x_DBSP[None, :, :, 0], jnp.zeros_like(h_LDBP[1:])])  # slot 0: nothing from below
-    rows = jnp.concatenate([inputs, h_LDBP], axis=-1).astype(st.dtype)
-    h, _, slots = jax.lax.fori_loop(0, wave.mask_LBS.shape[2], step, (h_LDBP, rows, slots), unroll=st.unroll)
-    return h, slots.c[:, :, :, -1], slots  # the cell each layer kept last (not carried: read from its slot)
-
-
-def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
-    """The training forward: `_wave_infer`'s outputs, final h and c, and what the backward pass
-    reads (`_Saved`). Loop step s runs layer l at time s - l for every l (a slot outside 0..T-1
-    is masked, so it changes nothing), batched over layers and directions; layer l + 1 reads what
-    layer l wrote one step earlier. One layer (L = 1) runs its input half of the gates for all T
-    steps in one matmul before the loop, so that each step reads only the recurrent weights.
-    With several layers and `st.cell` "pallas", the cell runs as our kernels (`cell_kernels`)."""
-    L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
-    C = W_proj.shape[2]
-    own_cell = L > 1 and st.cell == "pallas"
-    wave = _wave(x_DBTP, mask_BT, keep, L, st)
-    S = wave.mask_LBS.shape[2]
-    # With our kernels, the cell's columns in J parts, so that the gates' transposed product is J
-    # products whose parts the kernel after it adds (`cell_kernels.parts`: its result is small).
-    J = parts(C, L * D * B * 2 * P) if own_cell else None
-    W_loop, W_proj_loop, gates_x_1DBSG = _loop_weights(W_0, W_proj, wave.x_DBSP, b, st, J=J)
-    slots = _train_slots(x_DBTP, L, D, B, S, C, st, own_cell)
-    if own_cell:
-        h, c, slots = _own_train_loop(wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots, st)
-    else:
-        h, c, slots = _xla_train_loop(wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, c_LDBC, slots, st)
-    if L == 1:
-        in_LDBSP = wave.x_DBSP[None]
-        out_LDBSP = _layer_outputs(slots.h, in_LDBSP, wave.mask_LBS[:, None, :, :, None], wave.skip_L[..., None])
-    else:  # each layer's inputs: x, and the outputs of the layer below a slot earlier
-        out_LDBSP = slots.out
-        upper_UDBSP = jnp.pad(out_LDBSP[:-1, :, :, :-1], ((0, 0),) * 3 + ((1, 0), (0, 0)))
-        if wave.keep_UDBSP is not None:
-            upper_UDBSP = apply_dropout(wave.keep_UDBSP, upper_UDBSP, st.dropout)
-        in_LDBSP = jnp.concatenate([wave.x_DBSP[None], upper_UDBSP])
-    saved = _Saved(
-        W_0, h_LDBP, c_LDBC, W_loop, W_proj_loop, wave.mask_LBS, wave.keep_UDBSP, in_LDBSP, slots.h, slots.acts,
-        slots.c, slots.a,
-    )  # fmt: skip
-    return (_unskew(out_LDBSP, T, axis=3), h, c), saved
-
-
-def _joined(x: jax.Array) -> jax.Array:
-    """(L, D, J, N, ..., c) -> (L, D, N, ... * J * c): the J parts of the cell's columns (axis
-    2) put back side by side, as the XLA cell has them (the gates' (4, C) as 4C)."""
-    x = jnp.moveaxis(x, 2, -2)
-    return x.reshape(*x.shape[:3], -1)
-
-
-def _kernel_masks(mask_LBS, keep_UDBSP, rate: float):
-    """The mask and keep masks as `cell_kernels` reads them: int32 (L, B, S), int8 (L - 1, D, B,
-    S, P) or None, with the dropout rate (None without keep masks)."""
-    keep = (None, None) if keep_UDBSP is None else (keep_UDBSP.astype(jnp.int8), rate)
-    return mask_LBS.astype(jnp.int32), *keep
-
-
-def _layer_outputs(h_new, inputs, mask, skip_L):
-    """What a layer passes on: its projection, plus its input where it has a residual; 0 where
-    masked."""
-    return jnp.where(mask, jnp.where(skip_L, h_new + inputs, h_new), 0.0)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _wavefront(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: _Stack):
-    """L layers of D directions (params stacked on axes 0 and 1: W_0b (L, D, K, G), W_0's rows
-    with the bias as one more (`with_bias`), W_proj (L, D, C, P)) over inputs (D, B, T, P)
-    -> outputs (L, D, B, T, P) with the residual added (layers >= 1 with `st.skip`), final h
-    (L, D, B, P) and c (L, D, B, C). `keep` (L - 1, D, B, T, P) or None: the dropout on the
-    inputs of layers >= 1.
-
-    Differentiated by hand, running the same diagonal backwards: the loop holds the matmuls
-    that carry the gradient back in time and down the layers; the weight gradients are one
-    matmul each over all steps afterwards (W_0b's, the bias's row with it, is that matmul's
-    result as it is: summed over devices without a copy)."""
-    return _wave_infer(W_0b[:, :, :-1], W_0b[:, :, -1], W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st)
-
-
-def with_bias(W_0: jax.Array, b: jax.Array) -> jax.Array:
-    """W_0 (..., 2P, G) and its bias (..., G) -> (..., K, G), the bias the last row."""
-    return jnp.concatenate([W_0, b[..., None, :]], axis=-2)
-
-
-def _wavefront_fwd(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
-    return _wave_train(W_0b[:, :, :-1], W_0b[:, :, -1], W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st)
-
-
-def _output_gradients(saved: _Saved, d_out_LDBSP, s, d_h, d_above, st: _Stack):
-    """Slot s's gradient of the layers' outputs and of their unclipped projections. Where the
-    step ran, the state it left is its clipped cell and projection: |x| < clip exactly where the
-    unclipped value was. Where it did not, every gradient of the step is 0."""
-    m = saved.mask_LBS[:, None, :, s, None]
-    d_out = _at_slot(d_out_LDBSP, s) if d_above is None else _at_slot(d_out_LDBSP, s) + d_above
-    d_out = jnp.where(m, d_out, 0.0)
-    return d_out, clipped_gradient(d_out + jnp.where(m, d_h, 0.0), _at_slot(saved.h_LDBSP, s), st.clips.proj)
-
-
-def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlots, st: _Stack):
-    """The backward pass with XLA's cell -> (the initial state's gradients, the slots written)."""
-    L, D, B, S, P = saved.in_LDBSP.shape
-    slope, _, shift = gate_constants(saved.c0.shape[-1])
-    skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-
-    def step(i, carry):
-        s = S - 1 - i
-        # d_above[l]: layer l's output gradient from layer l + 1 (None for one layer); d_h_raw:
-        # this step's, computed by the step before (in the pass that computes d_h), in the
-        # compute dtype that its matmul and its save slot take.
-        d_h, d_c, d_above, d_h_raw, slots = carry
-        acts = _at_slot(saved.acts_LDBSG, s).astype(jnp.float32)
-        c_new = _at_slot(saved.c_LDBSC, s)
-        c_prev = jnp.where(s == 0, saved.c0, _at_slot(saved.c_LDBSC, jnp.maximum(s - 1, 0)))
-        m = saved.mask_LBS[:, None, :, s, None]
-        d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
-        d_acts, d_c_prev = cell_gradients(jnp.split(acts, 4, axis=-1), c_new, c_prev, d_a, d_c, m, st.clips.cell)
-        d_gates = activation_gradient(jnp.concatenate(d_acts, axis=-1), acts, slope, shift)
-        slots = slots._replace(
-            d_gates=_put_slot(slots.d_gates, s, d_gates.astype(slots.d_gates.dtype)),
-            d_h_raw=_put_slot(slots.d_h_raw, s, d_h_raw.astype(slots.d_h_raw.dtype)),
-        )
-        if L == 1:  # the input gradient is one matmul after the loop
-            d_h_prev = einsum("ldbg,ldpg->ldbp", d_gates, saved.W_loop, st.dtype) + jnp.where(m, 0.0, d_h)
-        else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
-            d_in_h = einsum("ldbg,ldqg->ldbq", d_gates, saved.W_loop, st.dtype)
-            d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
-            d_out = _output_gradients(saved, d_out_LDBSP, s, d_h, d_above, st)[0]
-            d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
-            d_upper = d_in[1:]
-            if saved.keep_UDBSP is not None:
-                d_upper = apply_dropout(_at_slot(saved.keep_UDBSP, s), d_upper, st.dropout)
-            d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
-            slots = slots._replace(d_in=_put_slot(slots.d_in, s, d_in[:1].astype(slots.d_in.dtype)))
-        # Slot s - 1's d_h_raw (unused after slot 0)
-        d_h_raw = _output_gradients(saved, d_out_LDBSP, jnp.maximum(s - 1, 0), d_h_prev, d_above, st)[1]
-        return d_h_prev, d_c_prev, d_above, d_h_raw.astype(st.dtype), slots
-
-    d_above = jnp.zeros_like(d_h) if L > 1 else None
-    d_h_raw = _output_gradients(saved, d_out_LDBSP, S - 1, d_h, d_above, st)[1].astype(st.dtype)
-    d_h0, d_c0, _, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_above, d_h_raw, slots), unroll=st.unroll)
-    return d_h0, d_c0, slots
-
-
-def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlots, st: _Stack):
-    """The backward pass with the cell's and the outputs' gradients as our kernels -> (the
-    initial state's gradients, the slots written)."""
-    L, D, B, S, P = saved.in_LDBSP.shape
-    J = saved.W_loop.shape[2]  # the weights' parts of the cell's columns
-    ran_LBS, keep_8, rate = _kernel_masks(saved.mask_LBS, saved.keep_UDBSP, st.dropout)
-
-    def step(i, carry):
-        d_h, d_c, d_h_raw, slots = carry
-        d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype)  # as the forward's gates
-        d_gate_slots, d_gates, d_c = backward_cell(
-            i, d_a, d_c, c0_LDBC=saved.c0, mask_LBS=ran_LBS, acts_LDBSG=saved.acts_LDBSG, c_LDBSC=saved.c_LDBSC,
-            d_gates_LDBSG=slots.d_gates, J=J, clip=st.clips.cell,
-        )  # fmt: skip
-        if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
-            d_in_h = einsum("ldbg,ldqg->ldbq", _joined(d_gates), _joined(saved.W_loop), st.dtype)[:, :, None]
-        else:  # J partial products (the weights' parts), which backward_output adds
-            d_gates, W_parts = d_gates.reshape(L, D, J, B, -1), saved.W_loop.reshape(L, D, J, 2 * P, -1)
-            d_in_h = einsum("ldjbn,ldjqn->ldjbq", d_gates, W_parts, st.dtype)
-        d_ins, d_h_raws, d_h, d_h_raw = backward_output(
-            i, d_in_h, d_h, d_h_raw, mask_LBS=ran_LBS, d_out_LDBSP=d_out_LDBSP, h_LDBSP=saved.h_LDBSP,
-            keep_UDBSP=keep_8, d_in_LDBSP=slots.d_in, d_h_raw_LDBSP=slots.d_h_raw, clip=st.clips.proj, skip=st.skip,
-            rate=rate,
-        )  # fmt: skip
-        return d_h, d_c, d_h_raw, _GradientSlots(d_gate_slots, d_h_raws, d_ins)
-
-    d_h_raw = _output_gradients(saved, d_out_LDBSP, S - 1, d_h, jnp.zeros_like(d_h), st)[1].astype(st.dtype)
-    d_h0, d_c0, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_h_raw, slots), unroll=st.unroll)
-    return d_h0, d_c0, slots
-
-
-def _wavefront_bwd(st: _Stack, saved: _Saved, cotangents):
-    d_out_LDBTP, d_h, d_c = cotangents
-    L, D, B, S, P = saved.in_LDBSP.shape
-    T = S - L + 1
-    d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
-    own_cell = saved.a_LDBSC is not None  # the forward ran our kernels, which saved the projection's operand
-    # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
-    # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
-    # W_0's (a column of ones beside its inputs): d_gates are read once.
-    d_in = _slots_like(saved.in_LDBSP, saved.in_LDBSP[: L if own_cell else 1].shape, saved.in_LDBSP.dtype)
-    slots = _GradientSlots(
-        _slots_like(saved.acts_LDBSG, saved.acts_LDBSG.shape, st.dtype),
-        _slots_like(saved.h_LDBSP, saved.h_LDBSP.shape, st.dtype),
-        d_in if L > 1 else None,
-    )
-    if own_cell:
-        d_h0, d_c0, slots = _own_backward_loop(saved, d_out_LDBSP, d_h, d_c, slots, st)
-    else:
-        d_h0, d_c0, slots = _xla_backward_loop(saved, d_out_LDBSP, d_h, d_c, slots, st)
-    d_W_0_b, d_W_proj = _weight_gradients(saved, slots, st)
-    if L == 1:
-        d_x_DBSP = einsum("dbsg,dpg->dbsp", slots.d_gates[0], saved.W_0[0, :, :P], st.dtype)
-    else:
-        d_x_DBSP = slots.d_in[0]
-    return d_W_0_b, d_W_proj, d_x_DBSP[:, :, :T], None, None, d_h0, d_c0
-
-
-def _weight_gradients(saved: _Saved, slots: _GradientSlots, st: _Stack):
-    """W_0b's gradient (L, D, K, G), the bias's row with it, and W_proj's (L, D, C, P): one matmul
-    each over all slots (those outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are
-    0)."""
-    h_prev_LDBSP = jnp.concatenate([saved.h0[:, :, :, None], saved.h_LDBSP[:, :, :, :-1]], axis=3)
-    a_LDBSC = saved.a_LDBSC
-    if a_LDBSC is None:  # the projection's operand, unless the forward's kernel saved it
-        a_LDBSC = jnp.split(saved.acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * jnp.tanh(saved.c_LDBSC)
-    rows_LDBSK = jnp.concatenate([saved.in_LDBSP, h_prev_LDBSP, jnp.ones_like(h_prev_LDBSP[..., :1])], axis=-1)
-    d_W_0_b = einsum("ldbsk,ldbsg->ldkg", rows_LDBSK, slots.d_gates, st.dtype)
-    d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", slots.d_h_raw, a_LDBSC, st.dtype), 2, 3)
-    return d_W_0_b, d_W_proj
-
-
-_wavefront.defvjp(_wavefront_fwd, _wavefront_bwd)
 
 
 def _stacked(layers: list[Params], name: str) -> jax.Array:
@@ -633,7 +121,7 @@ def lstm_stacks(
     gradients are summed over devices as the loop's backward makes them, a stack at a time).
     """
     cfg = config.lstm
-    st = _Stack.of(config, dropout)
+    st = _stack(config, dropout)
     groups = (
         [range(cfg.n_layers)]
         if schedule(config) == "wavefront"
@@ -656,12 +144,12 @@ def lstm_stacks(
         h0, c0 = jnp.swapaxes(state.h[:, first : first + L], 0, 1), jnp.swapaxes(state.c[:, first : first + L], 0, 1)
         if reset_BT is None:
             W_0b, W_proj = mark(with_bias(_stacked(each, "W_0"), _stacked(each, "B"))), mark(_stacked(each, "W_P_0"))
-            out, h, c = _wavefront(W_0b, W_proj, layer_in, mask_BT, keep, h0, c0, st)
+            out, h, c = wavefront(W_0b, W_proj, layer_in, mask_BT, keep, h0, c0, st)
         else:
             W_0 = (_stacked(each, "W_x"), _stacked(each, "W_h")) if split else _stacked(each, "W_0")
             b, W_proj = _stacked(each, "B"), _stacked(each, "W_P_0")
             gates = gates_2BTG if first == 0 else None
-            out, h, c = _wave_infer(
+            out, h, c = wave_infer(
                 W_0, b, W_proj, layer_in, mask_BT, keep, h0, c0, st, reset_BT=reset_BT, gates_DBTG=gates
             )
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
@@ -693,11 +181,8 @@ def cell(config: ModelConfig) -> str:
     return "pallas" if ours else "xla"
 
 
-def dropout_keep_masks(rng: jax.Array, rate: float, n: int, shape: tuple[int, ...]) -> jax.Array:
-    """n independent keep masks (n, *shape), each element True with probability 1 - rate."""
-    return jnp.stack([jax.random.bernoulli(jax.random.fold_in(rng, i), 1.0 - rate, shape) for i in range(n)])
-
-
-def apply_dropout(keep: jax.Array, x: jax.Array, rate: float) -> jax.Array:
-    """Inverted dropout: zero where `keep` is False, scale the rest by 1 / (1 - rate)."""
-    return jnp.where(keep, x / (1.0 - rate), 0.0)
+def _stack(config: ModelConfig, dropout: float) -> Stack:
+    """What the wavefront needs of the config besides arrays (`wavefront.Stack`)."""
+    cfg = config.lstm
+    clips = Clips(cell=cfg.cell_clip, proj=cfg.proj_clip)
+    return Stack(clips, cfg.use_skip_connections, dropout, config.scan_unroll, config.compute_dtype, cell(config))

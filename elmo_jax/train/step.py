@@ -30,7 +30,8 @@ from jax.sharding import PartitionSpec
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
-from elmo_jax.model.lstm import LSTMState, dropout_keep_masks
+from elmo_jax.model.dropout import dropout_keep_masks
+from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
 from elmo_jax.model.token_encoder import conv, encode_tokens
 from elmo_jax.settings import TrainSettings
