@@ -6,6 +6,7 @@ docs/, benchmarks/README.md): docs/archive/ keeps commands as they were run on t
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import subprocess
@@ -38,6 +39,7 @@ def _snippets(path: Path) -> list[str]:
     return [re.split(r"\s(?:&&|\||;|#)\s", s)[0] for s in out]
 
 
+@functools.cache
 def _named(pattern: re.Pattern) -> list[tuple[str, tuple[str, ...]]]:
     """(doc, the match's groups) of every command `pattern` finds in the docs."""
     return [

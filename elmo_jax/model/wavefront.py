@@ -138,6 +138,11 @@ def input_gates(W_0: jax.Array, b: jax.Array, x_DNP: jax.Array, dtype: str = "fl
     return einsum("d...p,dpg->d...g", x_DNP, W_0[:, :P], dtype) + jnp.expand_dims(b, range(1, x_DNP.ndim - 1))
 
 
+def _skip_L(L: int, st: Stack) -> np.ndarray:
+    """(L, 1, 1, 1): whether layer l has the residual around it (layers >= 1 with `st.skip`)."""
+    return np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
+
+
 def _wave(x_DBTP: jax.Array, mask_BT: jax.Array, keep: jax.Array | None, L: int, st: Stack) -> _Wave:
     """The inputs (D, B, T, P), mask (B, T) and keep masks (L - 1, D, B, T, P) of L layers by slot."""
     T = x_DBTP.shape[2]
@@ -145,8 +150,7 @@ def _wave(x_DBTP: jax.Array, mask_BT: jax.Array, keep: jax.Array | None, L: int,
     x_DBSP = jnp.pad(x_DBTP, ((0, 0), (0, 0), (0, S - T), (0, 0)))
     mask_LBS = _skew(jnp.broadcast_to(mask_BT, (L, *mask_BT.shape)), S, axis=2, fill=False)
     keep_UDBSP = None if keep is None else _skew(keep, S, axis=3, fill=False, first=1)
-    skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
-    return _Wave(x_DBSP, mask_LBS, keep_UDBSP, skip_L, T)
+    return _Wave(x_DBSP, mask_LBS, keep_UDBSP, _skip_L(L, st), T)
 
 
 def _gate_inputs(wave: _Wave, W_loop, b, gates_x_1DBSG, st: Stack):
@@ -409,7 +413,7 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
     """The backward pass with XLA's cell -> (the initial state's gradients, the slots written)."""
     L, D, B, S, P = saved.in_LDBSP.shape
     slope, _, shift = gate_constants(saved.c0.shape[-1])
-    skip_L = np.array([st.skip and layer > 0 for layer in range(L)])[:, None, None, None]
+    skip_L = _skip_L(L, st)
 
     def step(i, carry):
         s = S - 1 - i

@@ -25,10 +25,9 @@ log = logging.getLogger(__name__)
 
 class MetricWriter:
     def __init__(self, workdir: Workdir):
-        self.is_writer = jax.process_index() == 0
         self.jsonl: TextIO | None = None
         self.tensorboard: Any = None  # tensorboardX's SummaryWriter on the writing process
-        if self.is_writer:
+        if jax.process_index() == 0:  # the writing process
             from tensorboardX import SummaryWriter
 
             cut_torn_lines(workdir.metrics_jsonl)  # a crash's half-written record is not written onto
