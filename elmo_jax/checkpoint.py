@@ -267,8 +267,7 @@ class Checkpoints:
         """The shapes of `step`'s params by path ("token_encoder/proj/W"), from the checkpoint's
         metadata: no array is read."""
         try:
-            metadata = ocp.PyTreeCheckpointer().metadata(self.directory / str(step) / "state")
-            tree = getattr(metadata, "item_metadata", metadata)  # a StepMetadata in newer Orbax
+            tree = self._state_handler().metadata(self._state_folder(step))
             params = getattr(tree, "tree", tree)["params"]
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
@@ -282,9 +281,18 @@ class Checkpoints:
             item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree), partial_restore=True
         )
         try:
-            return ocp.PyTreeCheckpointer().restore(self.directory / str(step) / "state", args=args)["params"]
+            return self._state_handler().restore(self._state_folder(step), args=args)["params"]
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"the checkpoint of step {step} in {self.directory} cannot be read: {str(e)[:300]}") from e
+
+    def _state_folder(self, step: int) -> Path:
+        return self.directory / str(step) / "state"
+
+    @staticmethod
+    def _state_handler() -> ocp.PyTreeCheckpointHandler:
+        """The state item read on its own by its handler (a checkpointer would look for a step's
+        metadata in the item's folder, and warn that it is missing)."""
+        return ocp.PyTreeCheckpointHandler()
 
     def _restore(self, step: int, args):
         try:

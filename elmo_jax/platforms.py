@@ -1,7 +1,9 @@
-"""The platforms a command lets JAX start: on a machine with no GPU or TPU attached, the CPU
-alone (`JAX_PLATFORMS=cpu`, unless the user chose), so that installed accelerator plugins (the
-`plan` extra's CUDA plugin and libtpu) do not probe for hardware that is not there and print
-screens of tracebacks (cuDNN not found, TPU worker hostnames) before every command."""
+"""The platforms JAX starts: on a machine with no GPU or TPU attached, the CPU alone (unless the
+user chose), so that installed accelerator plugins (the `plan` extra's CUDA plugin and libtpu)
+do not probe for hardware that is not there and print screens of tracebacks (cuDNN not found,
+TPU worker hostnames). A command sets `JAX_PLATFORMS=cpu` before JAX is imported; the library
+sets JAX's own config instead, leaving the user's environment (and the processes it starts)
+as it was. Compiling for an accelerator without one (`plan`) works either way."""
 
 from __future__ import annotations
 
@@ -22,3 +24,14 @@ def cpu_unless_accelerated(environ: MutableMapping[str, str] = os.environ, dev: 
     """Before JAX starts: JAX_PLATFORMS=cpu where it is unset and no accelerator is attached."""
     if not environ.get("JAX_PLATFORMS") and not accelerator_attached(dev):
         environ["JAX_PLATFORMS"] = "cpu"
+
+
+def cpu_in_jax_unless_accelerated(dev: Path = Path("/dev")) -> None:
+    """For the library: JAX's `jax_platforms` set to "cpu" where no platform was chosen (the
+    variable or the config), JAX has not started its backends and no accelerator is attached."""
+    import jax
+    from jax._src import xla_bridge
+
+    if jax.config.jax_platforms or xla_bridge.backends_are_initialized() or accelerator_attached(dev):
+        return
+    jax.config.update("jax_platforms", "cpu")

@@ -2,6 +2,11 @@
 
 import jax
 
+from elmo_jax.platforms import cpu_in_jax_unless_accelerated
+
+# Quiet as a library: no accelerator plugin probing for a GPU or TPU this machine does not have.
+cpu_in_jax_unless_accelerated()
+
 Params = dict  # nested dicts of arrays, as elmo_jax/model/bilm.py lays them out
 
 
