@@ -10,7 +10,9 @@ epoch (`sentence_ids`, see elmo_jax/text/batcher.py).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,6 +35,11 @@ class Corpus(Protocol):
 
     def stream(self) -> Iterator[list[str]]:
         """Every sentence once, in storage order."""
+        ...
+
+    def fingerprint(self) -> str:
+        """A SHA-256 (hex) of what the text is: the same text, the same fingerprint, wherever its
+        files are; another text, another fingerprint."""
         ...
 
     def sentence_ids(
@@ -66,6 +73,12 @@ class InMemory:
     def stream(self) -> Iterator[list[str]]:
         return (self[i] for i in range(len(self)))
 
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for sentence in self.stream():
+            h.update(json.dumps(sentence).encode() + b"\n")
+        return h.hexdigest()
+
     def sentence_ids(
         self, epoch: int, group: int, groups: int, seed: int, shuffle: bool, stream: int = 0
     ) -> np.ndarray:
@@ -88,6 +101,10 @@ class Sentences(InMemory, list):
         self.name, self.floor_perplexity = name, floor_perplexity
 
 
-def first_sentences(corpus: Corpus, n: int) -> Sentences:
-    """The first n sentences of a corpus, in memory."""
+def first_sentences(corpus: Corpus, n: int) -> Corpus:
+    """The first n sentences of a corpus: in memory, or a corpus of its own kind where it has
+    one (`first`: the demo corpus, which knows what made them)."""
+    first = getattr(corpus, "first", None)
+    if first is not None:
+        return first(n)
     return Sentences(itertools.islice(corpus.stream(), n), corpus.name, corpus.floor_perplexity)

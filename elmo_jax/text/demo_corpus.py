@@ -20,6 +20,8 @@ the best perplexity any language model can reach on this corpus in expectation.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 
 import numpy as np
@@ -241,7 +243,7 @@ class DemoCorpus(InMemory):
     def __init__(self, split: str = "train", seed: int = 0, size: int | None = None):
         if split not in SPLITS:
             raise UserError(f"unknown demo split {split!r}; expected one of {sorted(SPLITS)}")
-        self.split_id, default_size = SPLITS[split]
+        self.split, (self.split_id, default_size) = split, SPLITS[split]
         self.size = default_size if size is None else size
         self.seed = seed
         self.name = f"demo:{split}"
@@ -254,6 +256,31 @@ class DemoCorpus(InMemory):
     @property
     def floor_perplexity(self) -> float:
         return self.grammar.floor_perplexity
+
+    def first(self, n: int) -> DemoCorpus:
+        """Its first n sentences."""
+        return DemoCorpus(self.split, self.seed, min(n, self.size))
+
+    def source_perplexity(self) -> float:
+        """The grammar's own perplexity on these very sentences (n words + `</S>` predicted
+        each): what a model that knew the grammar would score here, so no model can score much
+        lower."""
+        nats = tokens = 0.0
+        for sentence in self.stream():
+            nats -= float(np.logaddexp.reduce(self.grammar.parses(sentence)))
+            tokens += len(sentence) + 1
+        return math.exp(nats / tokens)
+
+    def fingerprint(self) -> str:
+        """From what makes the sentences (the grammar, the split, the seed, the size), without
+        generating them."""
+        g = self.grammar
+        made_by = (
+            g.templates,
+            g.template_p.tolist(),
+            sorted((c, ws, g.word_p[c].tolist()) for c, ws in g.categories.items()),
+        )
+        return hashlib.sha256(json.dumps([made_by, self.split_id, self.seed, self.size]).encode()).hexdigest()
 
     def _block(self, b: int) -> list[list[str]]:
         if b not in self._blocks:  # kept: the whole split is a few tens of MB

@@ -23,10 +23,13 @@ from typing import IO, Any
 
 import numpy as np
 
+from elmo_jax import stop_signals
 from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.text import file_facts
 from elmo_jax.text.chars import MAX_CHARS
 from elmo_jax.text.corpus import shuffle_rng
-from elmo_jax.text.token_cache import tokenize_files, tokenize_pieces
+from elmo_jax.text.token_cache import tokenize
+from elmo_jax.text.token_store import cache_root, identity, lines_sha256
 from elmo_jax.text.tokenized import Tokenized, join
 from elmo_jax.text.vocab import Vocabulary
 
@@ -81,6 +84,16 @@ class Shard:
     def name(self) -> str:
         return f"{self.path}:{self.member}" if self.member else str(self.path)
 
+    def sha256(self) -> bytes:
+        """The SHA-256 of the file (of the archive, for a member): remembered (file_facts.py)."""
+        return file_facts.sha256(self.path, cache_root())
+
+    def identity(self) -> bytes:
+        """What the shard is, unambiguously (token_store.identity)."""
+        if self.member is None:
+            return identity("file", self.sha256())
+        return identity("archive member", self.sha256(), self.member.encode())
+
     def lines(self) -> list[bytes]:
         """The shard's non-empty lines, as bytes."""
         if self.member is None:
@@ -106,6 +119,12 @@ def iter_archive(path: Path) -> Iterator[tuple[str, IO[bytes] | None]]:
         raise UserError(f"{path}: corrupt or truncated archive, while reading {name}: {e}") from None
 
 
+def archive_members(path: Path) -> list[str]:
+    """The names of a .tar.gz's regular files, in archive order: listed once by decompressing it
+    whole, then remembered by the archive's state (file_facts.py)."""
+    return file_facts.remembered(path, "members", lambda p: [name for name, _ in iter_archive(p)], cache_root())
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RecordBlock:
     """Records start..stop-1 of a random-access data source with a `text` feature (TFDS
@@ -115,6 +134,10 @@ class RecordBlock:
     start: int
     stop: int
     name: str
+
+    def identity(self) -> bytes:
+        """What the block is: the SHA-256 of its lines (token_store.identity)."""
+        return identity("records", lines_sha256(self.lines()))
 
     def lines(self) -> list[bytes]:
         out = []
@@ -154,6 +177,7 @@ class ShardedCorpus:
         progress and an ETA after a shard at most every 10 seconds."""
         start = last = time.monotonic()
         for done, (index, lines) in enumerate(self._shard_lines(), start=1):
+            stop_signals.check()
             yield index, lines
             now = time.monotonic()
             if now - last >= 10.0:
@@ -161,15 +185,23 @@ class ShardedCorpus:
                 log.info("%s: read %d of %d shard(s), ETA %.0fs", self.name, done, len(self.shards), eta)
                 last = now
 
-    def _shard_lines(self) -> Iterator[tuple[int, list[bytes]]]:
+    def _shard_lines(self, indices: Iterable[int] | None = None) -> Iterator[tuple[int, list[bytes]]]:
+        """(shard index, non-empty lines) of the shards of `indices` (default: all), in storage
+        order: an archive's members in one decompression pass, one member in memory at a time."""
+        wanted = range(len(self.shards)) if indices is None else sorted(indices)
         first = self.shards[0]
         if not isinstance(first, Shard) or first.member is None:
-            yield from enumerate(s.lines() for s in self.shards)
+            yield from ((i, self.shards[i].lines()) for i in wanted)
             return
-        index = {s.member: i for i, s in enumerate(self.shards) if isinstance(s, Shard)}
+        index = {s.member: i for i, s in enumerate(self.shards) if isinstance(s, Shard) and i in set(wanted)}
+        if not index:
+            return
         for name, member in iter_archive(first.path):
             if name in index:
-                yield index[name], _non_empty(member)
+                yield index.pop(name), _non_empty(member)
+                if not index:
+                    return
+        raise MissingFile(f"{first.path}: no member {', '.join(map(str, index))} (the archive changed?)")
 
     def __len__(self) -> int:
         return sum(self._count())
@@ -179,17 +211,20 @@ class ShardedCorpus:
         for _, shard_lines in self._stream_lines():
             yield from (_sentence(line) for line in shard_lines)
 
+    def fingerprint(self) -> str:
+        """The SHA-256 of what the corpus's text is: its shards' identities, in order."""
+        identities = []
+        for shard in self.shards:  # hashing each file the first time: a long pass stops in between
+            stop_signals.check()
+            identities.append(shard.identity())
+        return lines_sha256(identities).hex()
+
     def tokenized(self, vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
         """Every shard's sentences as word types, through the token cache (token_cache.py)."""
         key = (vocab.sha256, max_chars)
         if self._tokenized is None or self._tokenized[0] != key:
-            if all(isinstance(s, Shard) and s.member is None for s in self.shards):
-                parts = tokenize_files([s.path for s in self.shards if isinstance(s, Shard)], vocab)
-            else:
-                pieces: list = [None] * len(self.shards)
-                for index, lines in self._stream_lines():
-                    pieces[index] = lines
-                parts = tokenize_pieces(pieces, vocab)
+            files = [(s.path, s.sha256()) if isinstance(s, Shard) and s.member is None else None for s in self.shards]
+            parts = tokenize([s.identity() for s in self.shards], self._shard_lines, vocab, files, self.name)
             if not self._warned:
                 for shard, part in zip(self.shards, parts):
                     warn_invalid_utf8(shard.name, part.bad.tolist(), "non-empty lines")
@@ -231,7 +266,7 @@ def lm1b_shards(path: Path, split: str) -> list[Shard]:
             f"folder {LM1B_DIR}/ or the folder holding it)"
         )
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        members = [name for name, _ in iter_archive(path) if fnmatch.fnmatch(name, f"*{pattern}")]
+        members = [name for name in archive_members(path) if fnmatch.fnmatch(name, f"*{pattern}")]
         if not members:
             raise MissingFile(f"lm1b:{path}: the archive has no member matching */{pattern}")
         return [Shard(path, m) for m in sorted(members)]

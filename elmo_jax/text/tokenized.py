@@ -10,8 +10,8 @@ with whole-array numpy: every sentence's words turned into numbers once.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -62,6 +62,18 @@ def tokenize_lines(lines: list[bytes], word_id: dict[str, int]) -> Lines:
     return number_words([t.split() for t in texts], word_id, bad)
 
 
+class Parted(Protocol):
+    """A piece of a corpus as `Lines` has it, its ids perhaps read only when asked for
+    (token_store.Cached)."""
+
+    lengths: np.ndarray
+    oov: list[str]
+    bad: np.ndarray
+
+    @property
+    def ids(self) -> np.ndarray: ...
+
+
 class Tokenized(NamedTuple):
     """Sentence s (in the corpus's storage order) is the types ids[starts[s] : starts[s] +
     lengths[s]]."""
@@ -77,19 +89,22 @@ class Tokenized(NamedTuple):
         return int((n + 1)[n > 0].sum())
 
 
-def join(parts: list[Lines], vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
-    """The pieces of a corpus, in order, as one `Tokenized`."""
-    V, ids = len(vocab), []
+def join(parts: Sequence[Lines | Parted], vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+    """The pieces of a corpus, in order, as one `Tokenized`: each piece's ids are read (a cached
+    piece reads them from its file then) into one array made beforehand, one piece at a time."""
+    V = len(vocab)
     oov: dict[str, int] = {}
+    lengths = np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, np.int32)
+    flat = np.empty(int(lengths.sum(dtype=np.int64)), np.int32)
+    at = 0
     for part in parts:
         to_global = np.array([V + oov.setdefault(w, len(oov)) for w in part.oov], np.int32)
-        part_ids = part.ids.copy()
-        outside = part_ids >= V
-        part_ids[outside] = to_global[part_ids[outside] - V]
-        ids.append(part_ids)
-    lengths = np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, np.int32)
+        ids = flat[at : at + int(part.lengths.sum(dtype=np.int64))]
+        ids[:] = part.ids
+        outside = np.flatnonzero(ids >= V)
+        ids[outside] = to_global[ids[outside] - V]
+        at += len(ids)
     starts = np.cumsum(lengths, dtype=np.int64) - lengths
-    flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
     return Tokenized(WordTypes(vocab, list(oov), max_chars), flat, starts, lengths)
 
 
