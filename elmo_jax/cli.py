@@ -193,7 +193,7 @@ def _nearest_key(key: str, valid: list[str]) -> str | None:
 
 def main(argv: list[str]) -> None:
     command = argv[1]
-    run_command(command, COMMANDS[command].run, FLAGS, COMMANDS[command].handles_signals)
+    run_command(command, COMMANDS[command].run, FLAGS)
 
 
 def run() -> None:

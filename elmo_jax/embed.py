@@ -41,6 +41,7 @@ import h5py
 import jax
 import numpy as np
 
+from elmo_jax import stop_signals
 from elmo_jax.compile_time import CompileClock
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import MissingFile, UserError
@@ -440,12 +441,16 @@ def check_shard(shard_index: int, num_shards: int) -> None:
 
 
 def check_input(path: str | Path) -> Path:
-    """The input text file, refused where it is a folder or missing (errors name `input`)."""
+    """The input text file, refused where it is a folder, missing or without a word (errors name
+    `input`)."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"input={path} is a folder: give a text file, one sentence a line", ("input",))
     if not path.is_file():
         raise MissingFile(f"input={path}: file not found", ("input",))
+    with open(path, "rb") as f:
+        if not any(line.strip() for line in f):  # stops at the first line with a word
+            raise UserError(f"input={path} has no words (it is empty or blank): nothing to embed", ("input",))
     return path
 
 
@@ -507,6 +512,7 @@ def _embed_lines(
     with bar, h5py.File(output_path, "w") as out, _Writer(out) as writer:
         lines = (line for line in read_lines(input_path) if (line[0] - 1) % shard_count == shard_index)
         while True:
+            stop_signals.check()
             chunk = [(n - 1, text.split(), text) for n, text in itertools.islice(lines, chunk_sentences)]
             if not chunk:
                 break

@@ -138,10 +138,15 @@ def _load_workdir(workdir: Workdir) -> Model:
     return Model(run.model_config, run.params, run.vocab, options)
 
 
-def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
+# What `import` and `export` write in their output folder (the only names `--overwrite` replaces).
+IMPORTED = ("options.json", "params_meta.json", "params", "vocab.txt")
+EXPORTED = ("options.json", "weights.hdf5", "vocab.txt")
+
+
+def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> list[str]:
     """A params-only Orbax checkpoint with its options.json (and vocab.txt if any), built
-    beside `out` and renamed into place (see elmo_jax.outputs)."""
-    with replacing(out, overwrite, inputs, folder=True) as folder:
+    beside `out` and renamed into place (see elmo_jax.outputs); returns the names written."""
+    with replacing(out, overwrite, inputs, folder=IMPORTED) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json")
         softmax_rows = model.params["softmax"]["W"].shape[0] if "softmax" in model.params else None
@@ -153,14 +158,17 @@ def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs
         checkpointer.wait_until_finished()
         if model.vocab is not None:
             model.vocab.save(folder / "vocab.txt")
+        return sorted(p.name for p in folder.iterdir())
 
 
-def export_model(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
+def export_model(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> list[str]:
     """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any; the
-    folder is built beside `out` and renamed into place (see elmo_jax.outputs)."""
-    with replacing(out, overwrite, inputs, folder=True) as folder:
+    folder is built beside `out` and renamed into place (see elmo_jax.outputs); returns the
+    names written."""
+    with replacing(out, overwrite, inputs, folder=EXPORTED) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json", model.options)
         save_weights(folder / "weights.hdf5", model.params, model.config)
         if model.vocab is not None:
             model.vocab.save(folder / "vocab.txt")
+        return sorted(p.name for p in folder.iterdir())

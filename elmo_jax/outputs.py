@@ -1,7 +1,10 @@
 """Outputs that never clobber: every file or folder a command writes is built under a temporary
 name beside its target and renamed into place when complete, so a kill at any moment leaves the
 old output intact or the new one whole. An existing target is refused unless `overwrite`, and an
-output that is one of the inputs (or holds one) always is.
+output that is one of the inputs (or holds one) always is. `overwrite` replaces only what the
+command writes: a file, or a folder that holds nothing but the command's own files (an earlier
+output of it); a folder holding anything else is refused, naming what it holds, and is never the
+working directory (or a folder above it). An empty folder is used as if it were not there.
 
 The temporary names are `.NAME.tmp-HOST-PID` (and `.NAME.old-HOST-PID`, an old folder moved
 aside while a new one is swapped in). What a killed process left beside a target is cleared by
@@ -17,9 +20,10 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from elmo_jax import stop_signals
 from elmo_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -30,65 +34,111 @@ def _contains(outer: Path, inner: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def check_output(target: str | Path, overwrite: bool = False, inputs: tuple = (), folder: bool = False) -> Path:
+def check_output(
+    target: str | Path,
+    overwrite: bool = False,
+    inputs: tuple = (),
+    folder: Iterable[str] | None = None,
+    name: str = "output",
+) -> Path:
     """The target as an absolute path, after refusing an input as output, a folder where the
-    output is a file (or a file where it is a `folder`) and, unless `overwrite`, an existing
-    target (errors name it `output`, the command line's flag)."""
+    output is a file (or a file where it is a folder: `folder` holds the names the command
+    writes in it), unless `overwrite` an existing target, and a folder that holds anything but
+    the command's own names or holds the working directory (errors name `output`, the command
+    line's flag; or `name`)."""
     target = Path(target).absolute()
     resolved = target.resolve()
     for given in inputs:
         if given is not None and _contains(resolved, Path(given).resolve()):
-            raise UserError(f"output={target} is (or holds) the input {given}: choose another output", ("output",))
-    if target.exists() and not overwrite:
+            raise UserError(f"{name}={target} is (or holds) the input {given}: choose another output", (name,))
+    if target.exists() and target.is_dir() != (folder is not None):
+        kind = ("a folder", "a file") if folder is not None else ("a file", "a folder")
+        raise UserError(f"{name}={target} is {kind[1]}; the output is {kind[0]}: choose another", (name,))
+    if folder is not None and target.is_dir():
+        _check_folder(target, resolved, set(folder), overwrite, name)
+    elif target.exists() and not overwrite:
         raise UserError(
-            f"output={target} already exists: overwrite=True replaces it, or choose another", ("output", "overwrite")
+            f"{name}={target} already exists: overwrite=True replaces it, or choose another", (name, "overwrite")
         )
-    if target.exists() and target.is_dir() != folder:
-        kind = ("a folder", "a file") if folder else ("a file", "a folder")
-        raise UserError(f"output={target} is {kind[1]}; the output is {kind[0]}: choose another", ("output",))
     nearest = next(p for p in target.parents if p.exists())  # of the folders above (`replacing` makes the rest)
     if not nearest.is_dir():
-        raise UserError(f"output={target}: {nearest} is a file, not a folder", ("output",))
+        raise UserError(f"{name}={target}: {nearest} is a file, not a folder", (name,))
     return target
 
 
+def _check_folder(target: Path, resolved: Path, names: set[str], overwrite: bool, name: str) -> None:
+    """An existing folder as the output: empty, or an earlier output (with `overwrite`)."""
+    if _contains(resolved, Path.cwd().resolve()):
+        raise UserError(f"{name}={target} is (or holds) the working directory: choose a folder inside it", (name,))
+    held = sorted(p.name for p in target.iterdir())
+    others = [entry for entry in held if entry not in names]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise UserError(
+            f"{name}={target} holds what this command does not write ({shown}): it replaces only a folder of its "
+            f"own outputs ({', '.join(sorted(names))}); choose another (a new or empty folder)",
+            (name,),
+        )
+    if held and not overwrite:
+        raise UserError(
+            f"{name}={target} already exists: overwrite=True replaces it, or choose another", (name, "overwrite")
+        )
+
+
 @contextlib.contextmanager
-def replacing(target: str | Path, overwrite: bool = False, inputs: tuple = (), folder: bool = False) -> Iterator[Path]:
-    """Yields a temporary path beside `target` to write the whole output to (a file or a
-    `folder`), in its folder, made if missing; on success it replaces `target`, on any error it
-    is removed (and the folders made for it)."""
+def replacing(
+    target: str | Path,
+    overwrite: bool = False,
+    inputs: tuple = (),
+    folder: Iterable[str] | None = None,
+    name: str = "output",
+) -> Iterator[Path]:
+    """Yields a temporary path beside `target` to write the whole output to (a file, or a folder
+    holding only the names in `folder`), in its folder, made if missing; on success it replaces
+    `target`, on any error it is removed (and the folders made for it)."""
     clear_leftovers(Path(target).absolute())
-    target = check_output(target, overwrite, inputs, folder)
+    target = check_output(target, overwrite, inputs, folder, name)
     made = make_folders(target.parent)
     tmp = _temporary(target, "tmp")
-    _remove(tmp)  # a reused PID's
+    remove(tmp)  # a reused PID's
     done = False
     _UNFINISHED[tmp] = (target, made)
     try:
         yield tmp
-        _move_into_place(tmp, target)
-        done = True
+        stop_signals.check()  # asked to stop: the output is not put in place
+        with stop_signals.critical():  # a stop signal waits until the output is in place, and said so
+            _move_into_place(tmp, target)
+            done = True
+            _FINISHED.append(target)
     finally:
         del _UNFINISHED[tmp]
-        _remove(tmp)
+        remove(tmp)
         if not done:
             remove_empty(made)  # as they were: no empty folders left by a failed output
+            _GIVEN_UP.append(target)
 
 
 # The temporaries being written (`replacing`): each one's target and the folders made for it.
 _UNFINISHED: dict[Path, tuple[Path, list[Path]]] = {}
+# The targets of the outputs given up (their temporaries removed) and of those put in place.
+_GIVEN_UP: list[Path] = []
+_FINISHED: list[Path] = []
 
 
-def abandon_unfinished() -> list[Path]:
-    """Removes every output being written (its temporary, the folders made for it): what a
-    command stopped by a signal does before it exits. Returns their targets."""
-    targets = []
+def abandon_unfinished() -> str:
+    """Removes every output still being written (its temporary, the folders made for it): what
+    a command stopped by a signal does before it exits. Says what became of the command's
+    outputs: those given up (these, and those `replacing` gave up as the stop unwound it) and
+    those already in place."""
     for tmp, (target, made) in list(_UNFINISHED.items()):
-        _remove(tmp)
-        _remove(tmp)  # again: a writer's thread may have added to a folder while it was removed
+        remove(tmp)
+        remove(tmp)  # again: a writer's thread may have added to a folder while it was removed
         remove_empty(made)
-        targets.append(target)
-    return targets
+        _GIVEN_UP.append(target)
+    given_up, finished = (", ".join(map(str, dict.fromkeys(paths))) for paths in (_GIVEN_UP, _FINISHED))
+    said = [f"removed the unfinished {given_up}"] if given_up else []
+    said += [f"{finished} complete and in place"] if finished else []
+    return "; ".join(said or ["no output was unfinished"]) + ("" if finished else "; earlier outputs are as they were")
 
 
 def make_folders(folder: Path) -> list[Path]:
@@ -118,7 +168,7 @@ def write_text(path: str | Path, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        _remove(tmp)
+        remove(tmp)
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:
@@ -126,10 +176,10 @@ def _move_into_place(tmp: Path, target: Path) -> None:
     renamed aside first, then deleted)."""
     if tmp.is_dir() and target.exists():
         old = _temporary(target, "old")
-        _remove(old)
+        remove(old)
         os.rename(target, old)
         os.rename(tmp, target)
-        _remove(old)
+        remove(old)
     else:
         os.replace(tmp, target)
 
@@ -166,13 +216,14 @@ def clear_leftovers(target: Path) -> None:
             os.rename(path, target)
             log.warning("put %s back: a command killed while replacing it had moved it aside as %s", target, path.name)
         else:
-            _remove(path)
+            remove(path)
             removed.append(path.name)
     if removed:
         log.info("removed what ended processes left beside %s: %s", target, ", ".join(removed))
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
+    """Removes a file or a folder (with what it holds); nothing if it is not there."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

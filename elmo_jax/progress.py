@@ -8,6 +8,7 @@ only process 0 draws one.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -23,6 +24,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.text import Text
+
+from elmo_jax import stop_signals
 
 _console: Console | None = None
 
@@ -56,10 +59,26 @@ class _ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Log lines on stdout (a file, a pipe). A pipe whose reader has gone (`elmo-jax eval | head
+    -1`) is a stop (stop_signals.closed_pipe), and stdout is /dev/null from then on: no more
+    lines, and no "Logging error" for each."""
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            stop_signals.closed_pipe()
+        else:
+            super().handleError(record)
+
+
 def log_handler() -> logging.Handler:
     """The handler for the root logger: through the Console on a terminal, else to stdout."""
     console = _terminal()
-    return _ConsoleHandler(console) if console is not None else logging.StreamHandler(sys.stdout)
+    return _ConsoleHandler(console) if console is not None else _StdoutHandler()
 
 
 class _Rate(ProgressColumn):

@@ -30,7 +30,7 @@ from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
 from elmo_jax.model import Params, shapes_by_path
 from elmo_jax.model.bilm import init_params
-from elmo_jax.outputs import make_folders, remove_empty, write_text
+from elmo_jax.outputs import make_folders, remove, remove_empty, write_text
 from elmo_jax.text.batcher import round_up
 from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
@@ -91,12 +91,25 @@ class Workdir:
         except OSError as e:
             raise UserError(f"the workdir {self.path} cannot be created ({e.strerror}: {e.filename})") from None
 
-    def discard(self, made: list[Path]) -> None:
-        """Removes the folders `create` made where a run that failed to start left nothing in
-        them but its released lock."""
-        if made and self.path.is_dir() and [p.name for p in self.path.iterdir()] == [self.lock.name]:
-            self.lock.unlink()
+    def _trainers(self) -> tuple[Path, ...]:
+        """What training writes here (not the folders it moves checkpoints aside to: those hold
+        steps written before)."""
+        files = (self.config_json, self.vocab_txt, self.metrics_jsonl, self.curves_png, self.lock)
+        return (*files, self.checkpoints, self.tensorboard)
+
+    def written(self) -> set[str]:
+        """The names of training's files and folders that are here."""
+        return {p.name for p in self._trainers() if p.exists()}
+
+    def undo_start(self, before: set[str], made: list[Path]) -> list[str]:
+        """Removes what a start that never ran a step wrote (training's files and folders that
+        were not here `before`), then the folders `create` `made`, if empty; returns the names
+        it removed."""
+        new = [p for p in self._trainers() if p.exists() and p.name not in before]
+        for path in new:
+            remove(path)
         remove_empty(made)
+        return [p.name for p in new]
 
     def is_run(self) -> bool:
         """A training run's folder: config.json and checkpoints/."""
@@ -122,11 +135,13 @@ class Workdir:
             config[section].update(saved.get(section, {}))
         return ml_collections.ConfigDict(config)
 
-    def write_config(self, config: ml_collections.ConfigDict, vocab: Vocabulary) -> None:
-        """config.json: the resolved config, the vocabulary's record and the environment of the
-        run writing it (a resumed run records its own; process 0 writes)."""
+    def write_config(self, config: ml_collections.ConfigDict, vocab: Vocabulary, source: dict) -> None:
+        """config.json: the resolved config, the vocabulary's record (with its `source`, see
+        `vocab_source`) and the environment of the run writing it (a resumed run records its
+        own; process 0 writes)."""
         if jax.process_index() == 0:
-            record = {**config.to_dict(), "vocabulary": vocab.record(), "environment": environment()}
+            vocabulary = {**vocab.record(), "source": source}
+            record = {**config.to_dict(), "vocabulary": vocabulary, "environment": environment()}
             text = strict_json.dumps(record, indent=2) + "\n"
             write_text(self.config_json, text)
 
@@ -135,7 +150,7 @@ class Workdir:
         (workdirs older than that record are checked only against the checkpoint's softmax)."""
         vocab = Vocabulary.load(self.vocab_txt)
         recorded = self.saved().get("vocabulary") if self.config_json.is_file() else None
-        if recorded is not None and vocab.record() != recorded:
+        if recorded is not None and vocab.record() != {k: recorded.get(k) for k in vocab.record()}:
             raise UserError(
                 f"{self.vocab_txt} ({len(vocab)} words, sha256 {vocab.sha256[:12]}) is not the vocabulary "
                 f"this run recorded in {self.config_json} ({recorded['words']} words, sha256 "
@@ -143,19 +158,29 @@ class Workdir:
             )
         return vocab
 
-    def training_vocab(self, config: ml_collections.ConfigDict, corpus: Corpus) -> Vocabulary:
-        """vocab.txt; on a first run it is copied from config.data.vocab or built from `corpus`
-        (min_count) and saved (process 0 writes)."""
+    def training_vocab(self, config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[Vocabulary, dict]:
+        """vocab.txt and its source (`vocab_source`). One that is here is used where it was made
+        from this run's data; one made from other data (or whose source no config.json records)
+        is rebuilt if no checkpoint was trained with it, else refused. Otherwise it is copied
+        from config.data.vocab or built from `corpus` (min_count), and saved (process 0 writes)."""
+        source = vocab_source(config, corpus)
         if self.vocab_txt.is_file():
             vocab = self.vocab()
-            if config.data.vocab:
-                given = Vocabulary.load(config.data.vocab)
-                if given.words != vocab.words:
-                    raise UserError(
-                        f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
-                        f"vocabulary this workdir was trained with, {self.vocab_txt} ({len(vocab)} words)"
-                    )
-            return vocab
+            recorded = (self.saved().get("vocabulary") or {}).get("source") if self.config_json.is_file() else None
+            if recorded is not None and _same_source(recorded, source):
+                return vocab, source
+            trained = self.checkpoints.is_dir() and any(p.name.isdigit() for p in self.checkpoints.iterdir())
+            if trained and recorded is None:  # a workdir older than the record: checked as it was
+                _check_given(config, vocab, self.vocab_txt)
+                return vocab, source
+            if trained:
+                raise UserError(
+                    f"{self.vocab_txt} was made from {_describe(recorded)}, but this run's vocabulary comes from "
+                    f"{_describe(source)}, and the checkpoints in {self.checkpoints} were trained with it: give the "
+                    "run its own data again, or use another workdir (--config.train.init_from fine-tunes from this one)"
+                )
+            log.info("%s was made from %s, not from this run's %s, and no checkpoint uses it: making it again",
+                     self.vocab_txt, _describe(recorded), _describe(source))  # fmt: skip
         if config.data.vocab:
             vocab = Vocabulary.load(config.data.vocab)
         else:
@@ -164,7 +189,7 @@ class Workdir:
             log.info("%s: %s", corpus.name, summary(stats))
         if jax.process_index() == 0:
             vocab.save(self.vocab_txt)
-        return vocab
+        return vocab, source
 
     def check_resume(self, config: ml_collections.ConfigDict, model_config: ModelConfig) -> None:
         """Fails, naming the differing fields, when the folder's checkpoint is of another run
@@ -243,6 +268,40 @@ class Workdir:
         # A table sharded by rows was padded to a multiple of the devices.
         params["softmax"] = jax.tree.map(lambda x: x[: len(vocab)], params["softmax"])
         return RunParams(config, run_model, vocab, params, step)
+
+
+def vocab_source(config: ml_collections.ConfigDict, corpus: Corpus) -> dict:
+    """Where a run's vocabulary comes from: the file config.data.vocab (and its SHA-256), or the
+    training text (config.data.train, min_count and the text's fingerprint)."""
+    if config.data.vocab:
+        return {"file": str(config.data.vocab), "sha256": Vocabulary.load(config.data.vocab).sha256}
+    return {"built_from": config.data.train, "min_count": config.data.min_count, "text_sha256": corpus.fingerprint()}
+
+
+def _same_source(recorded: dict, source: dict) -> bool:
+    """The same vocabulary: the same file's contents, or the same text and min_count (wherever
+    the files are now)."""
+    keys = ("sha256",) if "file" in source else ("min_count", "text_sha256")
+    return all(recorded.get(k) == source[k] for k in keys)
+
+
+def _describe(source: dict | None) -> str:
+    if source is None:
+        return "a source no config.json records"
+    if "file" in source:
+        return f"the file {source['file']} (sha256 {source['sha256'][:12]})"
+    return f"{source['built_from']} (min_count {source['min_count']}, text sha256 {source['text_sha256'][:12]})"
+
+
+def _check_given(config: ml_collections.ConfigDict, vocab: Vocabulary, vocab_txt: Path) -> None:
+    """config.data.vocab, where given, holds the words of the vocabulary the workdir was trained with."""
+    if config.data.vocab:
+        given = Vocabulary.load(config.data.vocab)
+        if given.words != vocab.words:
+            raise UserError(
+                f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
+                f"vocabulary this workdir was trained with, {vocab_txt} ({len(vocab)} words)"
+            )
 
 
 def _options_of(shapes: dict[str, tuple[int, ...]], options: dict) -> dict:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import h5py
 import jax
@@ -49,10 +50,62 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "stale.txt").write_text("from another model")
-    with replacing(folder, overwrite=True, folder=True) as tmp:
+    with replacing(folder, overwrite=True, folder=["stale.txt", "fresh.txt"]) as tmp:
         tmp.mkdir()
         (tmp / "fresh.txt").write_text("x")
-    assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # replaced whole: nothing stale kept
+    assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # an earlier output, replaced whole
+
+
+def test_a_folder_output_replaces_only_an_earlier_output_and_never_the_working_directory(tmp_path, monkeypatch):
+    """`export --output=. --overwrite` in a folder of one's own work deleted all of it."""
+    ours = ["options.json", "weights.hdf5"]
+    mine = tmp_path / "mine"
+    (mine / "proj").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my work")
+    (mine / "options.json").write_text("an earlier output")
+    with pytest.raises(UserError, match=r"holds what this command does not write \(notes.txt, proj\)"):
+        with replacing(mine, overwrite=True, folder=ours):
+            pytest.fail("refused before any work")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "options.json", "proj"]
+    monkeypatch.chdir(mine / "proj")
+    for where in (mine / "proj", mine, Path(".")):  # the working directory, or a folder holding it
+        with pytest.raises(UserError, match="is \\(or holds\\) the working directory"):
+            with replacing(where, overwrite=True, folder=ours):
+                pytest.fail("refused before any work")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with replacing(empty, folder=ours) as tmp:  # an empty folder is taken as if absent: no overwrite needed
+        tmp.mkdir()
+        (tmp / "options.json").write_text("{}")
+    assert [p.name for p in empty.iterdir()] == ["options.json"]
+
+
+@pytest.mark.launches
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["export", "import", "embed", "vocab", "plot", "plan"])
+def test_a_folder_holding_other_files_survives_every_command_with_overwrite(tmp_path, random_model, command):
+    """Each command with an output, given a folder of one's own files and --overwrite: one line
+    naming the folder, exit 2, every file still there."""
+    model = [f"--options={random_model / 'options.json'}", f"--weights={random_model / 'weights.hdf5'}"]
+    (tmp_path / "in.txt").write_text("the river bank\n")
+    args = {
+        "export": ["export", f"--workdir={random_model}"],
+        "import": ["import", *model],
+        "embed": ["embed", *model, f"--input={tmp_path / 'in.txt'}"],
+        "vocab": ["vocab", f"--data=text:{tmp_path / 'in.txt'}"],
+        "plot": ["plot", f"--workdir={random_model}"],
+        "plan": ["plan", "--config=demo", "--json"],
+    }[command]
+    mine = tmp_path / "mine"
+    (mine / "proj").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my work")
+    (mine / "options.json").write_text("not an output of this command")
+    flag = "--json" if command == "plan" else "--output"
+    args = [a for a in args if a != "--json"] + [f"{flag}={mine}", "--overwrite"]
+    result = run_cli(args)
+    fragment = "holds what this command does not write" if command in ("export", "import") else "is a folder"
+    assert_one_line_error(result, 2, f"{flag}={mine}", fragment)
+    assert sorted(p.name for p in mine.rglob("*")) == ["notes.txt", "options.json", "proj"]
 
 
 def test_an_output_in_missing_folders_makes_them_and_a_failed_one_leaves_none(tmp_path):
@@ -200,6 +253,7 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     result = run_cli(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"])
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in exported.iterdir()) == ["options.json", "weights.hdf5"]  # no stale vocab.txt
+    assert f"exported {imported} to {exported}: options.json, weights.hdf5\n" in result.stdout  # every file written
     assert not list(tmp_path.glob(".exported.*"))  # what the killed exports left is cleared
 
 
@@ -233,7 +287,7 @@ def test_what_ended_processes_left_beside_an_output_is_cleared_by_the_next_write
     (tmp_path / f".model.tmp-{HOST}-{alive}").write_text("being written by a live process")
     (tmp_path / f".model.tmp-otherhost-{dead}").write_text("another host's: its process is unknown here")
     with pytest.raises(UserError, match="already exists"):  # put back, so refused without --overwrite
-        with replacing(target):
+        with replacing(target, folder=["weights.hdf5"]):
             pass
     assert (target / "weights.hdf5").read_text() == "the old output"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -210,6 +211,60 @@ def test_missing_and_empty_data_fail_naming_the_file(tmp_path, text_data):
         config.data.train = f"text:{tmp_path / 'empty.txt'}"
     with pytest.raises(ValueError, match="empty.txt"):
         train(config, tmp_path / "b")
+
+
+def test_a_failed_start_leaves_the_workdir_as_it_found_it(tmp_path, text_data, caplog):
+    """No vocabulary, config or lock of a run that never ran a step (a failed start left them,
+    and the next run trained on the wrong vocabulary); the user's own files stay."""
+    caplog.set_level("INFO")
+    config = tiny_config(text_data)
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with config.unlocked():
+        config.data.train = f"text:{tmp_path / 'empty.txt'}"
+    with pytest.raises(ValueError, match="no sentences"):
+        train(config, tmp_path / "new" / "run")
+    assert not (tmp_path / "new").exists()  # nor the folders made for it
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    with pytest.raises(ValueError, match="no sentences"):
+        train(config, mine)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert f"the start failed; removed what it wrote in {mine} (vocab.txt, train.lock)" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_vocabulary_made_from_other_data_is_made_again_or_refused(tmp_path, text_data, caplog):
+    """config.json records what vocab.txt was made from (the source, min_count, the text's
+    SHA-256). One made from other data is made again where no checkpoint used it (and so is one
+    no config.json explains: an earlier version's failed start), refused where one did."""
+    caplog.set_level("INFO")
+    own = tmp_path / "train.txt"
+    own.write_text((text_data / "train.txt").read_text())
+    config = tiny_config(text_data, max_steps=2)
+    with config.unlocked():
+        config.data.train = f"text:{own}"
+    leftover = tmp_path / "leftover"
+    leftover.mkdir()
+    (leftover / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
+    train(config, leftover)
+    assert "made from a source no config.json records" in caplog.text
+    assert len((leftover / "vocab.txt").read_text().split()) > 3
+    source = json.loads((leftover / "config.json").read_text())["vocabulary"]["source"]
+    assert source["built_from"] == f"text:{own}" and source["min_count"] == 1 and len(source["text_sha256"]) == 64
+
+    own.write_text((text_data / "heldout.txt").read_text())  # the same file, other text
+    with pytest.raises(ValueError, match=r"vocab.txt was made from text:.*train.txt \(min_count 1, text sha256 .*\), "
+                       r"but this run's vocabulary comes from .*checkpoints .* were trained with it"):  # fmt: skip
+        train(config, leftover)
+    shutil.rmtree(leftover / "checkpoints")  # a run killed before its first checkpoint
+    caplog.clear()
+    train(config, leftover)
+    assert "and no checkpoint uses it: making it again" in caplog.text
+    assert (
+        json.loads((leftover / "config.json").read_text())["vocabulary"]["source"]["text_sha256"]
+        != source["text_sha256"]
+    )
 
 
 def test_invalid_utf8_is_replaced_and_counted(tmp_path, caplog):

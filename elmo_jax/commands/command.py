@@ -17,7 +17,7 @@ class Command:
     usage: str  # the flags after the command name
     flags: tuple[str, ...]
     required: tuple[str, ...] = ()
-    handles_signals: bool = False  # SIGTERM and SIGINT: its own way (train: a checkpoint), else stopped
+    stops_cleanly: bool = False  # a stop signal ends it as a success, exit 0 (train: it saves the step it is at)
 
 
 def prog() -> str:

@@ -67,7 +67,10 @@ flags.DEFINE_bool(
     True,
     "plan: also find the largest per-device batch that fits the target's memory (compiles more; train mode).",
 )
-flags.DEFINE_string("hlo", None, "Also write the compiled program's text to this file.")
+flags.DEFINE_string("hlo", None, "plan: also write the compiled program's text to this file.")
+flags.DEFINE_string(
+    "json", None, "plan: write every figure as JSON to this file (piped, plan prints it as its last line)."
+)
 flags.DEFINE_integer(
     "num_shards", 1, "Embed only every line i with i % num_shards == shard_index (one process per host).", lower_bound=1
 )

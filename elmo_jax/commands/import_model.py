@@ -13,18 +13,19 @@ log = logging.getLogger("elmo_jax")
 
 
 def main(flags: FlagValues) -> None:
-    from elmo_jax.model_io import load_model, save_imported
+    from elmo_jax.model_io import IMPORTED, load_model, save_imported
     from elmo_jax.outputs import check_output
 
     source, options, weights = model_source(flags, None, usage_line("import", COMMAND))
     inputs = (options, weights) if source is None else ()
-    check_output(flags.output, flags.overwrite, inputs, folder=True)  # before loading (or downloading) the model
+    check_output(flags.output, flags.overwrite, inputs, folder=IMPORTED)  # before loading (or downloading) the model
     model = load_model(source, options, weights)
-    save_imported(model, flags.output, flags.overwrite, inputs)
+    written = save_imported(model, flags.output, flags.overwrite, inputs)
     log.info(
-        "imported %s into %s (embedding-only: the file holds no softmax)",
+        "imported %s into %s: %s (embedding-only: the file holds no softmax)",
         source or f"{options} + {weights}",
         flags.output,
+        ", ".join(written),
     )
 
 

@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import logging
+import sys
+import time
 
 from absl.flags import FlagValues
 
-from elmo_jax import strict_json
+from elmo_jax import stop_signals, strict_json
 from elmo_jax.commands.command import Command
+
+log = logging.getLogger("elmo_jax")
+GB = 1e9
 
 
 def main(flags: FlagValues) -> None:
     from elmo_jax.experiment import validate
+    from elmo_jax.outputs import check_output, replacing
     from elmo_jax.plan.program import quiet_accelerator_plugins
 
     validate(flags.config)  # the settings by train's rules, before the compiler is looked for
+    files = {name: getattr(flags, name) for name in ("hlo", "json") if getattr(flags, name)}
+    for name, path in files.items():
+        check_output(path, flags.overwrite, name=name)  # before compiling
     quiet_accelerator_plugins()
     from elmo_jax.plan.targets import target as find_target
 
     target, devices = find_target(flags.target), 1 if flags.devices is None else flags.devices
     lines, result, program = (_embedding if flags.mode == "embed" else _train_step)(flags, target, devices)
-    if flags.hlo:
-        Path(flags.hlo).write_text(program)
+    texts = {"hlo": program, "json": strict_json.dumps(result) + "\n"}
+    for name, path in files.items():
+        with replacing(path, flags.overwrite, name=name) as tmp:
+            tmp.write_text(texts[name])
     print("\n".join(lines))
-    print(strict_json.dumps(result))
+    if files:
+        log.info("written: %s", ", ".join(f"{path} ({name})" for name, path in files.items()))
+    if "json" not in files and not sys.stdout.isatty():  # a pipe or a file: the figures as JSON, last
+        print(texts["json"], end="")
+    elif "json" not in files:
+        print("(--json=FILE writes every figure as JSON; so does piping the output)")
 
 
 def _embedding(flags: FlagValues, target, devices: int) -> tuple[list[str], dict, str]:
@@ -31,7 +47,10 @@ def _embedding(flags: FlagValues, target, devices: int) -> tuple[list[str], dict
     from elmo_jax.plan.program import compile_embed
     from elmo_jax.plan.report import describe_embed, estimate_embed
 
-    programs = compile_embed(flags.config, target, devices, 64 if flags.batch_size is None else flags.batch_size)
+    batch = 64 if flags.batch_size is None else flags.batch_size
+    log.info("compiling the embedding programs for %s (%d x %s, %d sentences a batch)", flags.target, devices,
+             target.name, batch)  # fmt: skip
+    programs = compile_embed(flags.config, target, devices, batch)
     result = estimate_embed(programs, target)
     return describe_embed(result, target), result, "\n\n".join(text for text, _ in programs.programs.values())
 
@@ -42,15 +61,28 @@ def _train_step(flags: FlagValues, target, devices: int) -> tuple[list[str], dic
     from elmo_jax.plan.report import describe, estimate
 
     rows = flags.config.train.per_device_batch_size
+    capacity = target.memory_bytes * target.usable_memory
 
-    def compile_at(batch: int):
-        return compile_train_step(flags.config, target, devices, batch, flags.vocab_size)
+    def compile_at(batch: int, why: str):
+        stop_signals.check()
+        log.info("compiling the train step for %d x %s at %d rows a device (%s)", devices, target.name, batch, why)
+        start = time.perf_counter()
+        try:
+            step = compile_train_step(flags.config, target, devices, batch, flags.vocab_size)
+        except DoesNotFit:
+            log.info("  %d rows: refused by the compiler, over %.1f GB (%.0f s)", batch, capacity / GB,
+                     time.perf_counter() - start)  # fmt: skip
+            raise
+        fits = "fits" if step.needs_bytes <= capacity else "does not fit"
+        log.info("  %d rows: needs %.2f GB of %.1f GB usable, %s (%.0f s)", batch, step.needs_bytes / GB,
+                 capacity / GB, fits, time.perf_counter() - start)  # fmt: skip
+        return step
 
-    step = compile_at(rows)
+    step = compile_at(rows, "the config's")
 
     def needs(batch: int) -> int:
         try:
-            return compile_at(batch).needs_bytes
+            return compile_at(batch, "the search for the largest batch that fits").needs_bytes
         except DoesNotFit as e:  # libtpu refuses a program whose temporaries exceed the chip's memory,
             return e.needs_bytes + step.needs_bytes - step.memory["temp"]  # with the arguments and outputs
 
@@ -68,7 +100,7 @@ COMMAND = Command(
     "kernels, memory, the largest batch that fits, estimated tokens/s and the paper's run in hours (needs "
     "elmo_jax[plan]).",
     "--config=NAME|FILE --target=h200|h100|a100|v5e|v5p|v6e [--devices=N] [--mode=embed [--batch_size=N]] "
-    "[--config.SECTION.KEY=VALUE ...]",
-    ("config", "target", "devices", "mode", "batch_size", "vocab_size", "fit", "hlo"),
+    "[--json=FILE] [--config.SECTION.KEY=VALUE ...]",
+    ("config", "target", "devices", "mode", "batch_size", "vocab_size", "fit", "hlo", "json", "overwrite"),
     ("config",),
 )

@@ -13,7 +13,10 @@ log = logging.getLogger("elmo_jax")
 
 def main(flags: FlagValues) -> None:
     from elmo_jax.curves import plot_curves
+    from elmo_jax.outputs import check_output
 
+    if flags.output is not None:
+        check_output(flags.output, flags.overwrite)  # before reading the metrics
     log.info("training curves: %s", plot_curves(flags.workdir, flags.output, flags.overwrite))
 
 

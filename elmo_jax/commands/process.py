@@ -15,35 +15,46 @@ from pathlib import Path
 
 from absl.flags import FlagValues
 
+from elmo_jax import stop_signals
 from elmo_jax.commands.command import prog
 from elmo_jax.errors import RunFailed, UserError, as_flags
 from elmo_jax.outputs import abandon_unfinished
 from elmo_jax.progress import log_handler
 from elmo_jax.switches import switch
 
-
-def _stop(name: str, signum: int) -> None:
-    """SIGTERM or SIGINT in a command that does not handle them itself (`train` saves a
-    checkpoint): what it was writing is removed, one line says so, and the process exits with
-    the status of one the signal killed. Nothing is raised: raised where the signal lands (a
-    weakref's callback, a thread's teardown), an exception can be swallowed and the work go on."""
-    removed = abandon_unfinished()
-    kept = (
-        f"removed the unfinished {', '.join(str(p) for p in removed)}; earlier outputs are as they were"
-        if removed
-        else "no output was unfinished; earlier outputs are as they were"
-    )
-    print(f"{prog()} {name}: stopped by {signal.Signals(signum).name}: {kept}", file=sys.stderr)
-    _exit_now(128 + signum)
+CLOSED_PIPE = 128 + signal.SIGPIPE  # the status a shell reports for a writer a closed pipe killed
 
 
-def run_command(
-    name: str, main: Callable[[FlagValues], None], flags: FlagValues, handles_signals: bool = False
-) -> None:
+def stop_status(command: str, stop: stop_signals.Stopped) -> int:
+    """A stopped command's exit status: 0 where it `stops_cleanly` (train), else that of a
+    process the signal killed (128 + its number)."""
+    from elmo_jax.commands import COMMANDS
+
+    return 0 if command in COMMANDS and COMMANDS[command].stops_cleanly else 128 + stop.signum
+
+
+def stopped_before_it_began(argv: list[str], stop: stop_signals.Stopped) -> int:
+    """Says in one line that the command was stopped before it began; returns its exit status."""
+    command = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else ""
+    print(f"{prog()} {command}: stopped by {stop.name} before it began: nothing was written", file=sys.stderr)
+    return stop_status(command, stop)
+
+
+def _stopped(name: str, stop: stop_signals.Stopped) -> int:
+    """Says in one line what a stop left (outputs being written are removed); returns the exit
+    status. A closed stdout ends the command quietly."""
+    said = abandon_unfinished()
+    if stop.signum == signal.SIGPIPE:
+        return CLOSED_PIPE
+    print(f"{prog()} {name}: stopped by {stop.name}: {said}", file=sys.stderr)
+    return stop_status(name, stop)
+
+
+def run_command(name: str, main: Callable[[FlagValues], None], flags: FlagValues) -> None:
     """Sets the process up, then runs `main(flags)`. Errors the user can fix exit 2, a run that
     cannot go on exits 1, each one line (--verbose or ELMO_JAX_TRACEBACK=1: the traceback).
-    Unless the command `handles_signals`, SIGTERM and SIGINT stop it, its unfinished output
-    removed, with one line and the status of a process killed by the signal (128 + its number)."""
+    SIGTERM and SIGINT stop it (elmo_jax/stop_signals.py), its unfinished output removed, with
+    one line and `stop_status`; a closed stdout ends it quietly."""
     from elmo_jax.compile_time import use_persistent_cache  # JAX: only once the flags are good
     from elmo_jax.host_memory import keep_freed_memory
 
@@ -51,23 +62,24 @@ def run_command(
     keep_freed_memory()
     if flags.compile_cache:
         use_persistent_cache(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "elmo_jax" / "jax")
-    if not handles_signals:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda signum, _: _stop(name, signum))
     try:
         switch("ELMO_JAX_TRACEBACK")  # a value it cannot be is refused before any work
+        stop_signals.check()  # one that came while the command's modules were imported
         _start_processes(flags)
         main(flags)
-        if not handles_signals:  # done: a signal now would only cut the exit short
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, signal.SIG_IGN)
+        for signum in stop_signals.SIGNALS:  # done: a signal now would only cut the exit short
+            signal.signal(signum, signal.SIG_IGN)
+    except stop_signals.Stopped as stop:
+        exit_now(_stopped(name, stop))
+    except BrokenPipeError:  # stdout's reader left (`elmo-jax eval ... | head -1`)
+        exit_now(CLOSED_PIPE)
     except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         _report(name, e, 2, flags.verbose)
     except (RunFailed, OSError) as e:
         _report(name, e, 1, flags.verbose)
-    except KeyboardInterrupt:  # a second SIGINT in train
-        print(f"{prog()} {name}: interrupted", file=sys.stderr)
-        _exit_now(128 + signal.SIGINT)
+    except KeyboardInterrupt:  # a second SIGINT in train's steps: quit at once
+        print(f"{prog()} {name}: interrupted: nothing saved since the last checkpoint", file=sys.stderr)
+        exit_now(128 + signal.SIGINT)
     _exit_without_teardown()
 
 
@@ -80,14 +92,15 @@ def _exit_without_teardown() -> None:
     if any(not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
         return
     atexit._run_exitfuncs()
-    _exit_now(0)
+    exit_now(0)
 
 
-def _exit_now(status: int) -> None:
-    """Ends the process with `status` once its output is flushed, without the interpreter's
-    teardown."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+def exit_now(status: int) -> None:
+    """Ends the process with `status` once its output is flushed (what a closed pipe cannot take
+    is dropped), without the interpreter's teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError):
+            stream.flush()
     os._exit(status)
 
 
@@ -127,4 +140,4 @@ def _report(name: str, error: BaseException, status: int, verbose: bool) -> None
         raise error
     message = as_flags(error) if isinstance(error, UserError) else str(error)
     print(f"{prog()} {name}: {message}", file=sys.stderr)
-    _exit_now(status)  # no atexit handlers either: a failed save's threads would print their own tracebacks
+    exit_now(status)  # no atexit handlers either: a failed save's threads would print their own tracebacks

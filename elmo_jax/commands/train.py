@@ -35,5 +35,5 @@ COMMAND = Command(
     "--config=NAME|FILE --workdir=DIR [--config.SECTION.KEY=VALUE ...]",
     ("config", "workdir"),
     ("config", "workdir"),
-    handles_signals=True,
+    stops_cleanly=True,
 )

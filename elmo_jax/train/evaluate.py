@@ -5,23 +5,40 @@ order; perplexity = exp(mean over positions of 0.5 * (forward CE + backward CE))
 run_test.py, the last partial batch is counted rather than dropped, so every position counts.
 Rows are sharded over the devices like training batches; every process runs the same number of
 batches (a process whose rows are done sends empty ones).
+
+A word outside the vocabulary is scored as `<UNK>`, which is easier to predict than the word:
+the share of such words is part of the result (`oov_rate`), and a warning says when it is high.
+Where the corpus knows what made its sentences (the demo corpus), a perplexity below what the
+source itself scores on them (`source_perplexity`) is impossible for a sound model of the text:
+it is an error (RunFailed), not a result.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
 
 import jax
 import numpy as np
 
+from elmo_jax import stop_signals
 from elmo_jax.config import ModelConfig
+from elmo_jax.errors import RunFailed
 from elmo_jax.text.batcher import StreamBatcher
 from elmo_jax.text.corpus import Corpus, first_sentences
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.parallel import DataParallel, data_parallel
 from elmo_jax.train.step import eval_step
+
+log = logging.getLogger(__name__)
+
+HIGH_OOV = 0.05  # above this share of held-out words outside the vocabulary, a warning
+# How far below the source's own perplexity a model may score by chance on a sample: a model
+# close to the source differs from it little on every word, so its mean differs by far less.
+SOURCE_SLACK = 0.01
+_warned: set[tuple[str, str]] = set()  # (corpus, vocabulary) warned about their OOV rate
 
 
 def safe_exp(x: float) -> float:
@@ -52,9 +69,10 @@ def evaluate(
     max_sentences: int | None = None,
     parallel: DataParallel | None = None,
 ) -> dict[str, float]:
-    """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions), and
-    floor_perplexity where the corpus knows its floor (the demo corpus).
-    `batch_size` rows in all, split over the devices of `parallel` (default: all devices)."""
+    """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions),
+    oov_rate (the share of its words outside the vocabulary), and floor_perplexity where the
+    corpus knows its floor (the demo corpus). `batch_size` rows in all, split over the devices
+    of `parallel` (default: all devices). Raises RunFailed for an impossible perplexity."""
     parallel = parallel or data_parallel()
     parallel.check_rows(batch_size, "eval batch_size")
     if max_sentences is not None:
@@ -78,6 +96,7 @@ def evaluate(
     sums, count = [], []
     batches = itertools.chain(batcher, itertools.repeat(None))
     for batch in itertools.islice(batches, batcher.single_pass_batches()):
+        stop_signals.check()
         ce, n, state = step(params, parallel.put_batch(batch if batch is not None else batcher.empty_batch()), state)
         sums.append(ce)
         count.append(n)
@@ -89,7 +108,39 @@ def evaluate(
         "backward_perplexity": safe_exp(backward),
         "perplexity": safe_exp(0.5 * (forward + backward)),
         "tokens": tokens,
+        "oov_rate": _oov_rate(corpus, vocab),
     }
     if corpus.floor_perplexity is not None:
         result["floor_perplexity"] = corpus.floor_perplexity
+    _check_possible(result, corpus)
     return result
+
+
+def _oov_rate(corpus: Corpus, vocab: Vocabulary) -> float:
+    """The share of the corpus's words outside the vocabulary; warns (once per corpus and
+    vocabulary) where it is above HIGH_OOV."""
+    ids = corpus.tokenized(vocab).ids
+    rate = float(np.count_nonzero(ids >= len(vocab)) / max(len(ids), 1))
+    if rate > HIGH_OOV and (corpus.name, vocab.sha256) not in _warned:
+        _warned.add((corpus.name, vocab.sha256))
+        log.warning(
+            "%s: %.1f%% of its %d words are outside the vocabulary of %d words and are scored as <UNK>, which is "
+            "easier to predict: the perplexity is not that of the text (is the vocabulary the text's?)",
+            corpus.name, 100 * rate, len(ids), len(vocab),
+        )  # fmt: skip
+    return rate
+
+
+def _check_possible(result: dict[str, float], corpus: Corpus) -> None:
+    """RunFailed where the perplexity is below what the corpus's source scores on it."""
+    source_perplexity = getattr(corpus, "source_perplexity", None)
+    if source_perplexity is None or not math.isfinite(result["perplexity"]):
+        return
+    floor = source_perplexity()
+    if result["perplexity"] < floor * (1 - SOURCE_SLACK):
+        raise RunFailed(
+            f"{corpus.name}: held-out perplexity {result['perplexity']:.3f} is below {floor:.3f}, what the grammar "
+            f"that made these sentences scores on them: impossible for a model of this text. "
+            f"{100 * result['oov_rate']:.1f}% of its words are outside the vocabulary and scored as <UNK>: "
+            "is the vocabulary the text's?"
+        )

@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 import jax
 import ml_collections
+import numpy as np
 
-from elmo_jax import experiment
+from elmo_jax import experiment, stop_signals
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import ModelConfig
 from elmo_jax.curves import plot_after_training
@@ -21,15 +22,16 @@ from elmo_jax.errors import UserError
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
 from elmo_jax.settings import TrainSettings
+from elmo_jax.stop_signals import Stopped
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
-from elmo_jax.text.corpus import Corpus
+from elmo_jax.text.corpus import Corpus, first_sentences
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.divergence import DivergenceCheck
-from elmo_jax.train.evaluate import evaluate
+from elmo_jax.train.evaluate import HIGH_OOV, evaluate
 from elmo_jax.train.metrics import MetricWriter, TrainWindow, log_eval
 from elmo_jax.train.parallel import DataParallel, data_parallel
-from elmo_jax.train.preemption import Preemption, Stopped
+from elmo_jax.train.preemption import Preemption
 from elmo_jax.train.prefetch import Prefetcher
 from elmo_jax.train.run_lock import RunLock
 from elmo_jax.train.step import TrainState, abstract_train_state, init_train_state, make_train_step
@@ -41,24 +43,49 @@ log = logging.getLogger(__name__)
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, float]:
     """Runs (or resumes) training in `workdir`; returns the final held-out evaluation ({} when
-    stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run)."""
+    stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run). A start that
+    fails or is stopped before its first step leaves the workdir as it found it."""
     experiment.validate(config)
-    run = Workdir(workdir)
-    made = run.create()
-    lock = RunLock(run) if jax.process_index() == 0 else None
+    run_start = _RunStart(Workdir(workdir))
     preemption = Preemption()
     try:
-        return _train(config, run, preemption)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-            lock = None
-        run.discard(made)  # a start that failed leaves no workdir of its own behind
+        return _train(config, run_start, preemption)
+    except BaseException as error:
+        removed = run_start.failed()
+        undone = f"; removed what it wrote in {run_start.run} ({', '.join(removed)})" if removed else ""
+        if isinstance(error, Stopped) and not run_start.over:
+            log.info("stopped during start-up (%s): nothing was run%s", error.name, undone)
+            return {}
+        if undone:
+            log.info("the start failed%s", undone)
         raise
     finally:
         preemption.close()
-        if lock is not None:
-            lock.release()
+        run_start.release()
+
+
+class _RunStart:
+    """A run's start: its workdir made and locked (process 0) and, until its first step has run,
+    what it writes there undone if it fails."""
+
+    def __init__(self, run: Workdir):
+        self.run = run
+        self._made = run.create()
+        self._before = run.written()
+        self._lock = RunLock(run) if jax.process_index() == 0 else None
+        self.over = False  # the first step has run
+
+    def failed(self) -> list[str]:
+        """Releases the lock; before the first step, removes what the start wrote (their names)."""
+        self.release()
+        if self.over or jax.process_index() != 0:
+            return []
+        return self.run.undo_start(self._before, self._made)
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def resolve_config(config: ml_collections.ConfigDict, parallel: DataParallel) -> ml_collections.ConfigDict:
@@ -91,12 +118,16 @@ def _open_data(
     t = config.train
     train_corpus = open_corpus(config.data.train, "train")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
-    vocab = workdir.training_vocab(config, train_corpus)
-    train_corpus.tokenized(vocab)  # kept for the batcher; counts the sentences without another pass over the text
+    vocab, vocab_source = workdir.training_vocab(config, train_corpus)
+    ids = train_corpus.tokenized(vocab).ids  # kept for the batcher; counts the sentences without another pass
     if len(train_corpus) == 0:
         raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
+    outside = np.count_nonzero(ids >= len(vocab)) / len(ids)
+    if outside > HIGH_OOV:
+        log.warning("%s: %.1f%% of its words are outside the vocabulary of %d words: they are trained as <UNK> "
+                    "(is the vocabulary the text's?)", train_corpus.name, 100 * outside, len(vocab))  # fmt: skip
     hp = experiment.train_settings(config, len(vocab))
-    workdir.write_config(config, vocab)
+    workdir.write_config(config, vocab, vocab_source)
 
     batch_size = t.per_device_batch_size * parallel.size
     batcher = StreamBatcher(
@@ -166,28 +197,29 @@ def _start_state(
     return state, start, shardings
 
 
-def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Preemption) -> dict[str, float]:
+def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: Preemption) -> dict[str, float]:
+    workdir = run_start.run
     parallel = data_parallel(config.train.devices)
     config = resolve_config(config, parallel)
     t = config.train
     parallel.check_rows(t.eval_batch_size, "config.train.eval_batch_size")
     model_config = experiment.model_config(config)
     workdir.check_resume(config, model_config)
+    stop_signals.check()
     data = _open_data(config, workdir, parallel, model_config)
+    stop_signals.check()
     log.info("config (as run, also in %s):\n%s", workdir.config_json, config)
     heldout, vocab, hp, total_steps = data.heldout, data.vocab, data.hp, data.total_steps
     checkpoints = Checkpoints(workdir.checkpoints, t.checkpoint_every, t.keep_checkpoints, clean_up=True)
     state, start, shardings = _start_state(config, workdir, model_config, data, checkpoints, parallel)
-    if preemption.requested:
-        log.info("stopped during start-up (%s): nothing run since step %d, exiting", preemption.requested, start)
-        checkpoints.close()
-        return {}
+    stop_signals.check()
 
-    def evaluate_heldout(params, max_sentences: int | None = None) -> dict[str, float]:
-        assert heldout is not None, "called only where there is held-out text"
-        return evaluate(
-            params, heldout, vocab, model_config, t.eval_batch_size, t.unroll_steps, max_sentences, parallel
-        )
+    # The periodic evaluations' sentences, chosen once (their word table is made once).
+    periodic = first_sentences(heldout, t.eval_sentences) if heldout is not None and t.eval_sentences else heldout
+
+    def evaluate_heldout(params, corpus: Corpus | None) -> dict[str, float]:
+        assert corpus is not None, "called only where there is held-out text"
+        return evaluate(params, corpus, vocab, model_config, t.eval_batch_size, t.unroll_steps, parallel=parallel)
 
     step_fn = make_train_step(model_config, hp, parallel, shardings)
     writer = MetricWriter(workdir)
@@ -203,58 +235,58 @@ def _train(config: ml_collections.ConfigDict, workdir: Workdir, preemption: Pree
 
     pending = None  # (step, device metrics) not yet read
     step = start
-    stopped = False
     try:  # the event file is closed even when training raises (an atexit close fails on Python 3.12)
         try:
-            for step in range(start + 1, total_steps + 1):
-                with window.waiting_for_input():
-                    batch, data_state = next(prefetch)
-                with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
-                    state, metrics = step_fn(state, batch)
-                # Read the previous step's numbers while this one runs.
-                if pending is not None:
-                    record(*pending)
-                pending = (step, metrics)
-                stopped = preemption.reached(step)
-                must_save = checkpoints.is_due(step) or step == total_steps or stopped
-                if must_save or step % t.log_every == 0:
-                    record(*pending)  # this step must be good first
-                    pending = None
-                if step % t.log_every == 0:
-                    loss, steps_in_window = window.mean_loss()
-                    window.log(step, epochs_done(data_state, len(data.corpus)))
-                    divergence.window(step, loss, steps_in_window)
-                if must_save:
-                    divergence.state(step, state, *window.mean_loss())
-                if stopped:
-                    checkpoints.save_and_wait(step, state, data_state, parallel.rows)
-                elif must_save:
-                    checkpoints.save(step, state, data_state, parallel.rows)
-                if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
-                    with window.leave_out():
-                        result = evaluate_heldout(state.params, t.eval_sentences or None)
-                    log_eval(step, result, writer)
-                    divergence.heldout(step, result)
-                bar.update(step, f"loss {window.last_loss:.3f}")
-                if stopped:
-                    log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
-                    break
+            with preemption.steps():
+                for step in range(start + 1, total_steps + 1):
+                    with window.waiting_for_input():
+                        batch, data_state = next(prefetch)
+                    with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
+                        state, metrics = step_fn(state, batch)
+                    run_start.over = True
+                    # Read the previous step's numbers while this one runs.
+                    if pending is not None:
+                        record(*pending)
+                    pending = (step, metrics)
+                    stopped = preemption.reached(step)
+                    must_save = checkpoints.is_due(step) or step == total_steps or stopped
+                    if must_save or step % t.log_every == 0:
+                        record(*pending)  # this step must be good first
+                        pending = None
+                    if step % t.log_every == 0:
+                        loss, steps_in_window = window.mean_loss()
+                        window.log(step, epochs_done(data_state, len(data.corpus)))
+                        divergence.window(step, loss, steps_in_window)
+                    if must_save:
+                        divergence.state(step, state, *window.mean_loss())
+                    if stopped:
+                        checkpoints.save_and_wait(step, state, data_state, parallel.rows)
+                    elif must_save:
+                        checkpoints.save(step, state, data_state, parallel.rows)
+                    if heldout is not None and t.eval_every > 0 and step % t.eval_every == 0 and step < total_steps:
+                        with window.leave_out():
+                            result = evaluate_heldout(state.params, periodic)
+                        log_eval(step, result, writer)
+                        divergence.heldout(step, result)
+                    bar.update(step, f"loss {window.last_loss:.3f}")
+                    if stopped:
+                        log.info("stopped (%s): saved the checkpoint at step %d, exiting", preemption.requested, step)
+                        break
         finally:
             bar.close()
             prefetch.close()
             checkpoints.wait()
             checkpoints.close()
         result = {}
-        if heldout is not None and not stopped:
-            preemption.interrupt = True
+        if heldout is not None and not preemption.requested:
             try:
-                result = evaluate_heldout(state.params)
+                result = evaluate_heldout(state.params, heldout)
                 log_eval(step, result, writer)
                 divergence.heldout(step, result)
-            except Stopped as signal_name:
+            except Stopped as stop:
                 log.info(
                     "stopped during the final evaluation (%s): every step is saved; `elmo-jax eval` evaluates it",
-                    signal_name,
+                    stop.name,
                 )
     finally:
         writer.close()

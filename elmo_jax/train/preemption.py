@@ -1,52 +1,47 @@
 """Stopping a run cleanly on SIGTERM / SIGINT: every process stops at the same step, which the
-loop then saves."""
+loop then saves (the signals themselves: elmo_jax/stop_signals.py)."""
 
 from __future__ import annotations
 
-import logging
-import signal
+import contextlib
+from collections.abc import Iterator
 
 import jax
 from jax.experimental import multihost_utils
 
-log = logging.getLogger(__name__)
-
-
-class Stopped(Exception):
-    """Raised by a stop signal once the handler is set to interrupt (the final evaluation)."""
+from elmo_jax import stop_signals
 
 
 class Preemption:
-    """SIGTERM and SIGINT, seen by every process at the same step. One process: a Python
-    signal handler sets a flag the loop checks between steps (a second SIGINT quits at once).
-    Several: JAX's preemption sync point (installed by jax.distributed.initialize) makes all of
-    them stop at the same step on SIGTERM, so their collectives and the checkpoint save line up.
-    Installed before any work, so a signal during start-up also ends the run cleanly."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    """SIGTERM and SIGINT, seen by every process at the same step. Outside the steps (start-up,
+    the final evaluation) a signal raises `stop_signals.Stopped`. During them (`steps`), with
+    one process, it is recorded and the loop stops at the next step with a checkpoint (a second
+    SIGINT quits at once); with several, JAX's preemption sync point (installed by
+    jax.distributed.initialize in place of our SIGTERM handler) makes all of them stop at the
+    same step on SIGTERM, and SIGINT quits at once. Our handler is installed by the command
+    line at its first instant, else (train called from Python) here, for the run."""
 
     def __init__(self):
-        self.requested = None  # the signal's name once one arrived
-        self.interrupt = False  # raise Stopped from the handler instead of setting the flag
-        self._previous = {}
-        if jax.process_count() == 1:
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        self._installed = jax.process_count() == 1 and stop_signals.install()
+        self._sync_point_reached = False
 
-    def _handle(self, signum, frame):
-        if signum == signal.SIGINT and self.requested == "SIGINT":
-            raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
-        if self.interrupt:
-            raise Stopped(self.requested)
-        if signum == signal.SIGINT:
-            log.info("SIGINT: stopping after this step with a checkpoint (press Ctrl-C again to quit without one)")
+    @property
+    def requested(self) -> str | None:
+        """The stop signal's name once one arrived."""
+        return "SIGTERM" if self._sync_point_reached else stop_signals.requested()
+
+    @contextlib.contextmanager
+    def steps(self) -> Iterator[None]:
+        with stop_signals.deferred(quit_at_sigint=2 if jax.process_count() == 1 else 1):
+            yield
 
     def reached(self, step: int) -> bool:
-        if jax.process_count() > 1 and not self.requested and multihost_utils.reached_preemption_sync_point(step):
-            self.requested = "SIGTERM"
+        """Whether the run stops at `step` (every process gives the same answer)."""
+        if jax.process_count() > 1:
+            self._sync_point_reached = self._sync_point_reached or multihost_utils.reached_preemption_sync_point(step)
+            return self._sync_point_reached
         return self.requested is not None
 
     def close(self):
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
+        if self._installed:
+            stop_signals.uninstall()
