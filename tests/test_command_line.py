@@ -3,6 +3,7 @@ from any folder, help on every command, one flag spelling, and one-line errors w
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -210,6 +211,59 @@ def test_a_command_without_accelerators_is_quiet_whatever_plugins_are_installed(
     assert result.returncode == 0, result.stderr
     for noise in ("cuDNN", "CUDA", "TPU", "Traceback", "plugin"):
         assert noise not in result.stderr + result.stdout, result.stderr + result.stdout
+
+
+LIBRARY = """
+import os, sys
+from elmo_jax import Elmo, batch_to_ids
+elmo = Elmo(sys.argv[1], num_output_representations=1, dropout=0.0)
+out = elmo(batch_to_ids([["The", "river", "bank"]]))
+print(out["elmo_representations"][0].shape, os.environ.get("JAX_PLATFORMS"))
+"""
+
+
+@pytest.mark.launches
+def test_the_library_is_quiet_too_and_leaves_the_environment_alone(tmp_path, fixtures_dir):
+    """The README's snippet, from Python, with the plan extra's plugins installed: it printed 26
+    lines of cuDNN and libtpu errors. JAX's own config keeps it to the CPU; JAX_PLATFORMS stays
+    unset for the processes the user starts."""
+    import importlib.util
+
+    from elmo_jax.platforms import accelerator_attached
+
+    if accelerator_attached():
+        pytest.skip("an accelerator is attached: its plugin is meant to start")
+    if not [name for name in ("jax_cuda12_plugin", "libtpu") if importlib.util.find_spec(name)]:
+        pytest.skip("no accelerator plugin installed (the plan extra): nothing to keep quiet")
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
+    result = subprocess.run([sys.executable, "-c", LIBRARY, str(fixtures_dir / "elmo")], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "(1, 3, 32) None\n" and result.stderr == "", result.stderr
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("args", [["--help"], ["embed", "--help"], ["vocab", "--data=text:{corpus}", "--output={out}"]])
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path, args):
+    """`elmo-jax --help | head -1` printed a 20-line BrokenPipeError traceback."""
+    (tmp_path / "corpus.txt").write_text("the river bank\n" * 100)
+    args = [a.format(corpus=tmp_path / "corpus.txt", out=tmp_path / "vocab.txt") for a in args]
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    proc = subprocess.Popen(launch_args(*args), stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    os.close(write)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE and stderr == "", stderr
+
+
+@pytest.mark.launches
+def test_embed_of_a_text_without_words_is_refused_before_the_model_loads(tmp_path):
+    """It wrote an HDF5 of no sentences and exited 0."""
+    for name, text in (("empty.txt", ""), ("blank.txt", "\n  \n\t\n")):
+        (tmp_path / name).write_text(text)
+        args = ["embed", f"--input={tmp_path / name}", f"--output={tmp_path / 'out.h5'}", "--model=nowhere"]
+        assert_one_line_error(run_cli(args), 2, f"--input={tmp_path / name} has no words", "nothing to embed")
+    assert not (tmp_path / "out.h5").exists()
 
 
 @pytest.mark.launches

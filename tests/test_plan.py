@@ -39,17 +39,19 @@ def _need_plugin(tpu: bool = False) -> None:
 
 def _plan_demo(folder, devices: int, target: str = "h200", settings: tuple[str, ...] = ()) -> tuple[dict, str]:
     """The demo's step in bfloat16, 32 rows on each of `devices` chips of the target (and
-    `settings`, `key=value` of config.train): the plan's JSON and the program."""
+    `settings`, `key=value` of config.train): the plan's JSON (--json=FILE) and the program
+    (--hlo=FILE). With --json the summary alone is printed; the compile is logged as it starts."""
     _need_plugin(tpu=target.startswith("v"))
-    program = folder / "step.hlo"
+    program, figures = folder / "step.hlo", folder / "plan.json"
     args = ["plan", "--config=demo", f"--target={target}", f"--devices={devices}", "--vocab_size=2000", "--nofit"]
-    args += [f"--hlo={program}", "--config.train.per_device_batch_size=32", "--config.train.compute_dtype=bfloat16"]
-    args += [f"--config.train.{setting}" for setting in settings]
+    args += [f"--hlo={program}", f"--json={figures}", "--config.train.per_device_batch_size=32"]
+    args += ["--config.train.compute_dtype=bfloat16", *(f"--config.train.{setting}" for setting in settings)]
     result = run_cli(args, {"XDG_CACHE_HOME": str(folder / "cache")})
     assert result.returncode == 0, result.stderr
     assert f"{TARGETS[target].description} x {devices}, 32 rows per device" in result.stdout
+    assert "{" not in result.stdout and f"compiling the train step for {devices} x " in result.stdout
     assert not list(folder.glob("cache/**/*-cache"))  # a program without its device cannot be loaded again
-    return json.loads(result.stdout.strip().splitlines()[-1]), program.read_text()
+    return json.loads(figures.read_text()), program.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -722,6 +724,89 @@ def test_a_gpu_too_small_for_the_char_cnn_kernels_gets_xlas_with_one_warning_or_
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith("char_conv='auto': XLA's char CNN, as ours cannot run here: the char CNN kernel")
     assert kind in warning and "Shared memory" in warning
+
+
+def _demo_model(char_conv: str = "auto"):
+    import dataclasses
+
+    from elmo_jax.experiments import demo
+
+    from elmo_jax.experiment import model_config
+
+    return dataclasses.replace(model_config(demo.get_config()), compute_dtype="bfloat16", char_conv=char_conv)
+
+
+def test_the_char_cnn_blocks_are_chosen_before_the_step_is_traced_once_for_every_width(monkeypatch):
+    """The train step's char CNN blocks were chosen inside its trace, compiling Triton kernels
+    there once per width of words a batch brought, in a cache without a lock. Now
+    make_train_step chooses them (at the widest width) before anything is traced; every width
+    after, and threads asking at once, compile nothing more."""
+    _need_plugin()
+    import threading
+
+    import jax
+    from elmo_jax.experiments import demo
+
+    from elmo_jax.experiment import train_settings
+    from elmo_jax.model import char_kernels
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.token_encoder import _kernel_sizes
+    from elmo_jax.plan.program import abstract_devices
+    from elmo_jax.train.step import make_train_step
+
+    compiled, real = [], char_kernels._compile_alone
+    monkeypatch.setattr(char_kernels, "_compile_alone", lambda *a: compiled.append(a[:2]) or real(*a))
+    monkeypatch.setattr(char_kernels, "_REFUSALS", {})
+    model = _demo_model()
+    W, K, F = _kernel_sizes(model)
+    with tracing_for("gpu", abstract_devices(TARGETS["h200"], 1)[0]), jax.default_matmul_precision("default"):
+        make_train_step(model, train_settings(demo.get_config(), 2000))  # jit only: nothing traced yet
+        assert sorted(kernel for kernel, _ in compiled) == sorted(char_kernels.KERNELS)  # the largest blocks fit
+        chosen = {k: char_kernels.chosen_block(k, W, K, F, "bfloat16") for k in char_kernels.KERNELS}
+        for width in (3, 11, W):  # the widths batches bring
+            assert {k: char_kernels.chosen_block(k, width, K, F, "bfloat16") for k in chosen} == chosen
+        assert len(compiled) == len(char_kernels.KERNELS)
+
+        monkeypatch.setattr(char_kernels, "_REFUSALS", {})
+        on = char_kernels.device()
+
+        def ask() -> None:
+            with tracing_for("gpu", on), jax.default_matmul_precision("default"):
+                char_kernels.chosen_block(char_kernels.MAX, W, K, F, "bfloat16")
+
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(compiled) == len(char_kernels.KERNELS) + 1  # four threads, one compile
+
+
+def test_a_char_cnn_kernel_that_fails_to_compile_gets_xlas_under_auto_with_one_warning(monkeypatch, caplog):
+    """Only a kernel over the shared memory fell back to XLA's path; any other compile error
+    failed `auto`. It stays an error where the user asked for our kernels."""
+    _need_plugin()
+    import logging
+
+    import jax
+
+    from elmo_jax.model import char_kernels, token_encoder
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.plan.program import abstract_devices
+
+    def broken(*args):
+        raise jax.errors.JaxRuntimeError("INTERNAL: Triton lowering failed")
+
+    monkeypatch.setattr(char_kernels, "_compile_alone", broken)
+    monkeypatch.setattr(char_kernels, "_REFUSALS", {})
+    token_encoder._say_once.cache_clear()
+    with tracing_for("gpu", abstract_devices(TARGETS["h100"], 1)[0]), caplog.at_level(logging.WARNING):
+        assert token_encoder.resolved(_demo_model()).char_conv == "xla"
+        assert token_encoder.conv(_demo_model()) == "xla"
+        with pytest.raises(jax.errors.JaxRuntimeError, match="Triton lowering failed"):
+            token_encoder.resolved(_demo_model("pallas"))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "XLA's char CNN" in warning and "compiling them failed (JaxRuntimeError: INTERNAL: Triton" in warning
 
 
 def test_a_kernel_over_the_shared_memory_is_not_blamed_on_the_batch():

@@ -54,19 +54,70 @@ def test_compiles_are_logged_at_info_from_half_a_second_and_at_debug_below(caplo
     assert levels == {"compiled jit(train_step) in 12.5 s": "INFO", "compiled jit(slice) in 0.1 s": "DEBUG"}
 
 
-def test_time_waiting_for_batches_is_the_input_bound_share_and_warned_about_once(caplog):
-    caplog.set_level("INFO", logger="elmo_jax.train.metrics")
+class StandInDevice:
+    """A device that runs the steps dispatched to it one after another, each taking `step_s`,
+    while the host goes on (as a GPU's stream does; XLA:CPU here runs a program on the calling
+    thread: elmo_jax/host_memory.py). A step's output is ready once it has run."""
+
+    def __init__(self, step_s: float):
+        self.step_s, self.free_at = step_s, time.monotonic()
+
+    def step(self) -> "StandInOutput":
+        self.free_at = max(self.free_at, time.monotonic()) + self.step_s
+        return StandInOutput(self.free_at)
+
+
+class StandInOutput:
+    def __init__(self, ready_at: float):
+        self.ready_at = ready_at
+
+    def is_ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+    def block_until_ready(self) -> "StandInOutput":
+        time.sleep(max(self.ready_at - time.monotonic(), 0.0))
+        return self
+
+
+STEP_S = 0.03
+
+
+def run_against(batch_s: float, steps: int = 25) -> tuple[float, float]:
+    """The loop's pattern (one step in flight; the previous step's numbers read after the next
+    dispatch) with batches that take `batch_s` to come: (input_bound, the wait's share)."""
     records = Records()
-    window = TrainWindow(records, total_steps=10, softmax="sampled")
-    metrics = {"loss": 2.0, "loss_forward": 2.1, "loss_backward": 1.9, "grad_norm": 1.0, "tokens": 1000}
-    for waited in (0.15, 0.0):  # a window input-bound a half of its time, then one not at all
-        with window.waiting_for_input():
-            time.sleep(waited)
-        time.sleep(0.15)  # the step
-        window.add(dict(metrics))
-        window.log(step=1, epoch=0.0)
-    shares = [values["input_bound"] for _, _, values in records.written]
-    assert 0.35 < shares[0] < 0.65 and shares[1] < 0.05
-    warnings = [r for r in caplog.records if "waited for their batches" in r.getMessage()]
+    window = TrainWindow(records, total_steps=steps, softmax="sampled")
+    device = StandInDevice(STEP_S)
+    pending, waited = None, 0.0
+    try:
+        for _ in range(steps):
+            asked = time.monotonic()
+            with window.waiting_for_input():
+                time.sleep(batch_s)  # the host making the batch
+            waited += time.monotonic() - asked
+            out = device.step()
+            window.dispatched(out)
+            if pending is not None:
+                pending.block_until_ready()  # the previous step's numbers read
+            pending = out
+            window.add({"loss": 2.0, "loss_forward": 2.1, "loss_backward": 1.9, "grad_norm": 1.0, "tokens": 1})
+        pending.block_until_ready()
+        elapsed = window.elapsed()
+        window.log(step=steps, epoch=0.0)
+    finally:
+        window.close()
+    return records.written[0][2]["input_bound"], waited / elapsed
+
+
+def test_input_bound_is_the_share_of_time_the_device_had_nothing_to_do(caplog):
+    """Against a stand-in step of T: a host making a batch in 0.6 T keeps the device busy (0%),
+    one taking 1.5 T leaves it idle 0.5 T a step (33%), and says so, once. The loop's wait alone,
+    which the figure was until now, reads about 60% and 100%: the step still running is in it."""
+    caplog.set_level("INFO", logger="elmo_jax.train.metrics")
+    faster, faster_wait = run_against(0.6 * STEP_S)
+    slower, slower_wait = run_against(1.5 * STEP_S)
+    assert faster < 0.05 and 0.45 < faster_wait < 0.75, (faster, faster_wait)
+    assert 0.25 < slower < 0.42 and slower_wait > 0.9, (slower, slower_wait)
+    warnings = [r for r in caplog.records if "had nothing to do" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
     assert "input-bound" in caplog.text

@@ -96,11 +96,16 @@ def _exit_without_teardown() -> None:
 
 
 def exit_now(status: int) -> None:
-    """Ends the process with `status` once its output is flushed (what a closed pipe cannot take
-    is dropped), without the interpreter's teardown."""
+    """Ends the process with `status` once its output is flushed, without the interpreter's
+    teardown. Where stdout's reader has gone, what it could not take is dropped, and a command
+    that ended well says so by the status of a writer a closed pipe killed (CLOSED_PIPE)."""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BrokenPipeError):
+        try:
             stream.flush()
+        except BrokenPipeError:
+            stop_signals.closed_pipe()
+    if status == 0 and stop_signals.requested() == "SIGPIPE":
+        status = CLOSED_PIPE
     os._exit(status)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -263,21 +264,25 @@ def _compiled_by_triton() -> bool:
 
 
 _REFUSALS: dict[tuple, str | None] = {}
+_PROBING = threading.Lock()
 
 
 def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> str | None:
     """The compiler's reason why `kernel` at `block` cannot run on the device the model is traced
     for (its first line: a resource exhausted), or None where it compiles. Compiled alone over
-    one block of words, once per device kind and matmul precision (float32 products as TF32 or
-    not stage different operands)."""
+    one block of words, once per device kind, dtype and matmul precision (float32 products as
+    TF32 or not stage different operands), whatever the width W: a block's operands are staged
+    one position at a time, so the first width asked for answers for all (the train step asks
+    at the widest before it is traced: token_encoder.resolved). Thread-safe."""
     on, precision = device(), jax.config.jax_default_matmul_precision
-    key = (kernel, block, W, K, F, dtype, on.platform, on.device_kind, precision)
-    if key not in _REFUSALS:
-        # In a thread of its own: none of the asking trace's contexts (its mesh, which a program
-        # of one device may not take the place of) but those named here.
-        with concurrent.futures.ThreadPoolExecutor(1) as thread:
-            _REFUSALS[key] = thread.submit(_compile_alone, kernel, block, W, K, F, dtype, on, precision).result()
-    return _REFUSALS[key]
+    key = (kernel, block, K, F, dtype, on.platform, on.device_kind, precision)
+    with _PROBING:
+        if key not in _REFUSALS:
+            # In a thread of its own: none of the asking trace's contexts (its mesh, which a
+            # program of one device may not take the place of) but those named here.
+            with concurrent.futures.ThreadPoolExecutor(1) as thread:
+                _REFUSALS[key] = thread.submit(_compile_alone, kernel, block, W, K, F, dtype, on, precision).result()
+        return _REFUSALS[key]
 
 
 def _compile_alone(kernel: str, block: Block, W: int, K: int, F: int, dtype: str, on, precision) -> str | None:

@@ -6,6 +6,7 @@ max over positions, activation -> concat (..., F) -> highway layers -> projectio
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import cast
@@ -229,11 +230,24 @@ def conv(config: ModelConfig) -> str:
         return config.char_conv
     if backend() != "gpu":
         return "xla"
-    reason = char_kernels.unfit(*_kernel_sizes(config), config.compute_dtype)
+    try:
+        reason = char_kernels.unfit(*_kernel_sizes(config), config.compute_dtype)
+    except Exception as e:  # a compile error other than our blocks' not fitting: not ours to fail on
+        reason = f"compiling them failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
     if reason:
         _say_once(f"char_conv='auto': XLA's char CNN, as ours cannot run here: {reason}")
         return "xla"
     return "pallas"
+
+
+def resolved(config: ModelConfig) -> ModelConfig:
+    """`config` with char_conv decided for the device it is traced for (`conv`) and, for our
+    kernels, their blocks chosen (at the widest width): before a step is traced, so that no
+    kernel is compiled inside a trace, whatever width of words a batch brings."""
+    choice = conv(config)
+    if choice == "pallas":
+        kernel_blocks(config)
+    return dataclasses.replace(config, char_conv=choice)
 
 
 def kernel_blocks(config: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -243,6 +243,7 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
                         batch, data_state = next(prefetch)
                     with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
                         state, metrics = step_fn(state, batch)
+                    window.dispatched(metrics["loss"])
                     run_start.over = True
                     # Read the previous step's numbers while this one runs.
                     if pending is not None:
@@ -275,6 +276,7 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
         finally:
             bar.close()
             prefetch.close()
+            window.close()
             checkpoints.wait()
             checkpoints.close()
         result = {}

@@ -18,6 +18,7 @@ from elmo_jax.compile_time import CompileClock
 from elmo_jax.progress import format_duration
 from elmo_jax.torn_records import cut_torn_lines, cut_torn_records
 from elmo_jax.train.evaluate import safe_exp
+from elmo_jax.train.step_ends import StepEnds
 from elmo_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,17 @@ class MetricWriter:
 class TrainWindow:
     """The steps since the last log line: their summed metrics, tokens and time. `softmax`
     ("sampled" or "full") says what the train perplexities are of. Its time is the steps' own:
-    what runs under `leave_out` (evaluations, step calls that compile) is not in the rates."""
+    what runs under `leave_out` (evaluations, step calls that compile) is not in the rates.
+    Input-bound is the share of that time the devices had nothing to do while the loop waited
+    for a batch (step_ends.py): the loop tells it each step it dispatches (`dispatched`)."""
 
-    INPUT_BOUND_WARNING = 0.10  # the share of the window's time spent waiting for batches that is warned about, once
+    INPUT_BOUND_WARNING = 0.10  # the share of the window's time the devices idled for input that is warned about, once
 
     def __init__(self, writer: MetricWriter, total_steps: int, softmax: str):
         self.writer, self.total_steps, self.softmax = writer, total_steps, softmax
         self.last_loss = float("nan")
         self.warned_input_bound = False
+        self.step_ends = StepEnds()
         self.restart()
 
     def restart(self) -> None:
@@ -72,16 +76,24 @@ class TrainWindow:
         self.start, self.steps, self.excluded = time.monotonic(), 0, 0.0
         self.tokens: float = 0
         self.sums: dict[str, float] = {}
-        self.waited = 0.0  # seconds the loop waited for its next batch
+        self.idled = 0.0  # seconds the devices had nothing to do while the loop waited for a batch
 
     @contextlib.contextmanager
     def waiting_for_input(self) -> Iterator[None]:
-        """Counts the time inside as time the loop waited for its batch (input-bound)."""
-        start = time.monotonic()
+        """The loop waits for its batch inside: the part of it after the step in flight ended
+        counts as input-bound."""
+        asked = time.monotonic()
         try:
             yield
         finally:
-            self.waited += time.monotonic() - start
+            self.idled += self.step_ends.idle(asked, time.monotonic())
+
+    def dispatched(self, output: jax.Array) -> None:
+        """A step was dispatched; `output` (one of its results) is ready when it has ended."""
+        self.step_ends.dispatched(output)
+
+    def close(self) -> None:
+        self.step_ends.close()
 
     @contextlib.contextmanager
     def leave_out(self, only_if_compiled: bool = False) -> Iterator[None]:
@@ -123,7 +135,7 @@ class TrainWindow:
             "perplexity_backward": safe_exp(mean["loss_backward"]),
             "tokens_per_sec": self.tokens / elapsed,
             "step_time_s": step_time,
-            "input_bound": min(self.waited / elapsed, 1.0),
+            "input_bound": min(self.idled / elapsed, 1.0),
             "epoch": epoch,
         }
         log.info(
@@ -144,8 +156,8 @@ class TrainWindow:
         )
         if values["input_bound"] > self.INPUT_BOUND_WARNING and not self.warned_input_bound:
             log.warning(
-                "the steps waited for their batches %.0f%% of the time: the host's input pipeline is slower than "
-                "the devices (docs/DISTRIBUTED.md, 'What the host needs')",
+                "the devices had nothing to do %.0f%% of the time, waiting for batches: the host's input pipeline "
+                "is slower than the devices (docs/DISTRIBUTED.md, 'What the host needs')",
                 100 * values["input_bound"],
             )
             self.warned_input_bound = True

@@ -33,7 +33,7 @@ from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.dropout import dropout_keep_masks
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
-from elmo_jax.model.token_encoder import conv, encode_tokens
+from elmo_jax.model.token_encoder import conv, encode_tokens, resolved
 from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import Batch
 from elmo_jax.train.parallel import AXIS, DataParallel, data_parallel
@@ -392,7 +392,7 @@ def make_train_step(config: ModelConfig, hp: TrainSettings, parallel: DataParall
     they are); the incoming state's buffers are donated. With `state_shardings` (see
     DataParallel.state_shardings) the state and the batch are laid out on the mesh."""
     parallel = parallel or data_parallel(1)
-    step = functools.partial(train_step, config=config, hp=hp, mesh=parallel.mesh)
+    step = functools.partial(train_step, config=resolved(config), hp=hp, mesh=parallel.mesh)
     if state_shardings is None:
         return jax.jit(step, donate_argnums=0)
     return jax.jit(
