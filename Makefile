@@ -9,7 +9,7 @@ PYTHON ?= $(or $(PY312),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint install clean
+.PHONY: demo test test-fast lint gpu-cpu install clean
 
 install: $(VENV)/.installed-dev
 
@@ -42,5 +42,12 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# benchmarks/gpu.sh in CPU mode: every step of the accelerator run at toy sizes, so that it runs the
+# first time a device is lent (CI runs it; its numbers mean nothing). Output in .gpu_cpu/.
+gpu-cpu: $(VENV)/.installed-dev
+	rm -rf .gpu_cpu && mkdir -p .gpu_cpu
+	GPU_SH_CPU=1 OUT=.gpu_cpu PYTHON=$(BIN)/python bash benchmarks/gpu.sh > .gpu_cpu/gpu.log 2>&1; \
+	  if [ -e .gpu_cpu/failures.txt ]; then cat .gpu_cpu/failures.txt; tail -40 .gpu_cpu/gpu.log; exit 1; fi
+
 clean:
-	rm -rf $(VENV) workdirs .jax_cache
+	rm -rf $(VENV) workdirs .jax_cache .gpu_cpu

@@ -31,6 +31,32 @@ VOCAB_SIZES = {"cpu_peer": 5_000, **dict.fromkeys(("small", "medium", "original"
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 
 
+class StandInDevice:
+    """A device that runs the steps dispatched to it one after another, each taking `step_s`,
+    while the host goes on, as a GPU's stream does (XLA:CPU runs a program on the calling thread:
+    elmo_jax/host_memory.py): to measure the host's input path against an accelerator's step
+    time on a machine without one. A step's output (`StandInOutput`) is ready once it has run."""
+
+    def __init__(self, step_s: float):
+        self.step_s, self.free_at = step_s, time.monotonic()
+
+    def step(self) -> StandInOutput:
+        self.free_at = max(self.free_at, time.monotonic()) + self.step_s
+        return StandInOutput(self.free_at)
+
+
+class StandInOutput:
+    def __init__(self, ready_at: float):
+        self.ready_at = ready_at
+
+    def is_ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+    def block_until_ready(self) -> StandInOutput:
+        time.sleep(max(self.ready_at - time.monotonic(), 0.0))
+        return self
+
+
 def size(name: str) -> tuple[dict, int, int, int]:
     """--config=NAME -> (model options, vocabulary size, negatives, rows per device) of its experiment."""
     config = EXPERIMENTS[name].get_config()

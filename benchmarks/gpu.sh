@@ -23,6 +23,10 @@
 #   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
 #   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
 #     (benchmarks/speed/recurrence.py) to $OUT/recurrence.txt.
+# CPU mode (GPU_SH_CPU=1; tests/test_benchmarks.py runs it): every step of this script at toy sizes
+# on the CPU (cpu_peer at 2 rows, one step each, the tests interpreted, the host path and `train`
+# on a small text), so that the day a device is lent the script runs the first time and all of
+# its time goes to measuring. Its numbers mean nothing.
 set -u
 dir="${OUT:-.}"
 out="$dir/throughput.jsonl"
@@ -30,23 +34,47 @@ mkdir -p "$dir/logs"
 export PYTHONPATH=.
 # Allocate on demand, so peak_bytes_in_use is what the step needs, not a preallocated pool.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+cpu="${GPU_SH_CPU:-0}"
+platform=cuda
+python="${PYTHON:-python3}"
+if [ "$cpu" = 1 ]; then platform=cpu; export JAX_PLATFORMS=cpu; fi
+# The flags of a measurement, one a line; in CPU mode the same at toy sizes ($toy_steps: the
+# flags that make a measuring script's steps few).
+toy_steps=()
+[ "$cpu" = 1 ] && toy_steps=(--steps=1)
+sized() {
+  if [ "$cpu" != 1 ]; then printf '%s\n' "$@"; return; fi
+  for arg in "$@"; do
+    case "$arg" in
+      --config=*) echo --config=cpu_peer ;;
+      --per_device_batch=*) echo --per_device_batch=2 ;;
+      --profile=*) echo --profile=1 ;;
+      --steps=*) ;;
+      *) echo "$arg" ;;
+    esac
+  done
+  echo --unroll_steps=4
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+$python -c "import jax; print('jax', jax.__version__, jax.devices())"
 n=0
 run() {
   n=$((n + 1))
   log="$dir/logs/$n.log"
   echo "$*" > "$log"
-  timeout 150 python3 -m benchmarks.speed.throughput --steps=15 "$@" >> "$log" 2>&1
+  mapfile -t flags < <(sized --steps=15 "$@")
+  [ "$cpu" = 1 ] && flags+=("${toy_steps[@]}" --warmup=1 --plan_target=h200)
+  timeout 150 $python -m benchmarks.speed.throughput "${flags[@]}" >> "$log" 2>&1
   grep -E 'tokens/s|^profile|Error' "$log"
   tail -1 "$log" | grep '^{' >> "$out" || echo "FAILED: $*" | tee -a "$dir/failures.txt"
 }
 # (tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS says otherwise)
 {
-  JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3
-  JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_bilm.py -k "pallas or many_blocks" \
-    2>&1 | tail -3
+  JAX_PLATFORMS=$platform timeout 240 $python -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3
+  JAX_PLATFORMS=$platform timeout 240 $python -m pytest -q -p no:cacheprovider tests/test_bilm.py \
+    -k "pallas or many_blocks" 2>&1 | tail -3
 } | tee "$dir/pallas_tests.txt"
+grep -q failed "$dir/pallas_tests.txt" && echo "FAILED: the kernel tests" | tee -a "$dir/failures.txt"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --trace_dir="$dir/trace_128"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --char_conv=xla
@@ -61,23 +89,33 @@ run --config=medium --per_device_batch=256 --dtype=bf16
 run --config=small --per_device_batch=256 --dtype=bf16
 run --config=original --per_device_batch=256 --mode=embed --dtype=bf16 --steps=3
 for schedule in wavefront layers; do
-  timeout 120 python3 -m benchmarks.speed.critical_path --config=original --per_device_batch=128 --dtype=bf16 \
+  mapfile -t flags < <(sized --config=original --per_device_batch=128)
+  timeout 120 $python -m benchmarks.speed.critical_path "${flags[@]}" --dtype=bf16 \
     --lstm_schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
 done
-timeout 120 python3 -m benchmarks.speed.recurrence --config=original --per_device_batch=128 2>&1 | tail -5 | tee "$dir/recurrence.txt"
+mapfile -t flags < <(sized --config=original --per_device_batch=128)
+timeout 120 $python -m benchmarks.speed.recurrence "${flags[@]}" "${toy_steps[@]}" 2>&1 | tail -5 \
+  | tee "$dir/recurrence.txt"
 # The host's input path on this machine's cores (CPU devices: text to batches, against the
 # plan's step times), then `train` end to end on the GPU at 512 rows over the same LM1B-layout
 # text: its log windows' tokens/s and input-bound share, beside the step alone above.
-timeout 300 env JAX_PLATFORMS=cpu python3 -m benchmarks.speed.host_path --batches=60 2>&1 | grep -E 'rows:|^\{' \
-  | tee "$dir/host_path.txt"
-lm1b=$(ls -d /tmp/elmo_jax_host_path_100_* | head -1)
-timeout 420 python3 launch.py train --config=elmo_original --workdir="$dir/train_e2e" --config.data.train="lm1b:$lm1b" \
-  --config.data.vocab="$lm1b/vocab.txt" --config.data.heldout= --config.train.per_device_batch_size=512 \
-  --config.train.compute_dtype=bfloat16 --config.train.max_steps=300 --config.train.log_every=50 \
+text=(--shards=100 --tokens=20000000 --vocab=793471)
+train=(--config=elmo_original --config.train.per_device_batch_size=512 --config.train.max_steps=300
+  --config.train.log_every=50)
+if [ "$cpu" = 1 ]; then
+  text=(--shards=3 --tokens=30000 --vocab=3000)
+  train=(--config=demo --config.train.per_device_batch_size=4 --config.train.max_steps=3 --config.train.log_every=1)
+fi
+timeout 300 env JAX_PLATFORMS=cpu $python -m benchmarks.speed.host_path "${text[@]}" --batches=60 2>&1 \
+  | grep -E 'rows:|^\{' | tee "$dir/host_path.txt"
+lm1b="${TMPDIR:-/tmp}/elmo_jax_host_path_${text[0]#--shards=}_${text[1]#--tokens=}_${text[2]#--vocab=}"
+timeout 420 $python launch.py train "${train[@]}" --workdir="$dir/train_e2e" --config.data.train="lm1b:$lm1b" \
+  --config.data.vocab="$lm1b/vocab.txt" --config.data.heldout= --config.train.compute_dtype=bfloat16 \
   --config.train.checkpoint_every=100000 2>&1 | grep -E 'step [0-9]+/|input|Error' | tee "$dir/train_e2e.txt"
+grep -q 'step [0-9]*/' "$dir/train_e2e.txt" || echo "FAILED: train end to end" | tee -a "$dir/failures.txt"
 rm -rf "$dir/train_e2e"
 # Each measured train step beside the plan's estimate of the same program.
-python3 - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
+$python - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys
 
 print("config | dtype | rows | LSTM schedule | LSTM cell | char CNN | measured ms | floor ms | measured / floor | "
@@ -93,5 +131,7 @@ for line in open(sys.argv[1]):
             f"{1000 * (e.get('expected_step_s') or float('nan')):.1f} | {e.get('measured_over_expected') or float('nan'):.2f}"
         )
 EOF
+[ "$(wc -l < "$dir/estimate_vs_measured.txt")" -gt 1 ] || echo "FAILED: no step beside its estimate" \
+  | tee -a "$dir/failures.txt"
 # The device tool brings back at most 8 files: the logs and the first run's trace, packed.
 tar czf "$dir/logs.tgz" -C "$dir" logs trace_128 && rm -rf "$dir/logs" "$dir/trace_128"

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks.common import StandInDevice
 from elmo_jax.train.metrics import TrainWindow
 
 
@@ -52,31 +53,6 @@ def test_compiles_are_logged_at_info_from_half_a_second_and_at_debug_below(caplo
     compile_time._on_duration(compile_time._PROGRAM, 0.1, fun_name="jit(slice)")
     levels = {r.getMessage(): r.levelname for r in caplog.records}
     assert levels == {"compiled jit(train_step) in 12.5 s": "INFO", "compiled jit(slice) in 0.1 s": "DEBUG"}
-
-
-class StandInDevice:
-    """A device that runs the steps dispatched to it one after another, each taking `step_s`,
-    while the host goes on (as a GPU's stream does; XLA:CPU here runs a program on the calling
-    thread: elmo_jax/host_memory.py). A step's output is ready once it has run."""
-
-    def __init__(self, step_s: float):
-        self.step_s, self.free_at = step_s, time.monotonic()
-
-    def step(self) -> "StandInOutput":
-        self.free_at = max(self.free_at, time.monotonic()) + self.step_s
-        return StandInOutput(self.free_at)
-
-
-class StandInOutput:
-    def __init__(self, ready_at: float):
-        self.ready_at = ready_at
-
-    def is_ready(self) -> bool:
-        return time.monotonic() >= self.ready_at
-
-    def block_until_ready(self) -> "StandInOutput":
-        time.sleep(max(self.ready_at - time.monotonic(), 0.0))
-        return self
 
 
 STEP_S = 0.03

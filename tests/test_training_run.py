@@ -267,6 +267,19 @@ def test_a_vocabulary_made_from_other_data_is_made_again_or_refused(tmp_path, te
     )
 
 
+@pytest.mark.slow
+def test_periodic_evaluations_make_their_word_table_once(tmp_path, text_data, monkeypatch):
+    """Every periodic evaluation made its held-out sentences anew, and with them the word table
+    of the whole vocabulary (793k words for LM1B: 2.6-3.1 s an evaluation, inside the run)."""
+    from elmo_jax.text import word_types
+
+    made, real = [], word_types.WordTypes.__init__
+    monkeypatch.setattr(word_types.WordTypes, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    train(tiny_config(text_data, max_steps=6, eval_every=2, eval_sentences=20), tmp_path)
+    assert len(losses(tmp_path)) == 6
+    assert len(made) == 3  # the training text's, the periodic evaluations' (steps 2 and 4), the final one's
+
+
 def test_invalid_utf8_is_replaced_and_counted(tmp_path, caplog):
     from elmo_jax.text.sources import open_corpus
 

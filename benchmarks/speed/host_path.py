@@ -10,9 +10,10 @@ For each shape (device groups x rows per device) it reports
                 reading the token cache: "warm" is a second start with the cache filled)
   steady        tokens/s of finished batches put on the devices, the prefetcher alone, after
                 the first few batches (a token = one position of one row)
-  input-bound   the share of the loop's wall time spent waiting for its batch, against a
-                stand-in for the device step: a jitted function that takes the plan's H200 step
-                time for the shape (STAND_IN_MS) and lets the host run meanwhile, as a GPU does
+  input-bound   the share of time a device would have had nothing to do for want of a batch
+                (train's figure, TrainWindow), against a stand-in for the device step that takes
+                the plan's H200 step time for the shape (STAND_IN_MS) and lets the host run
+                meanwhile, as a GPU does (benchmarks/common.py, StandInDevice)
 The process keeps freed memory as `train` does (elmo_jax/host_memory.py). The corpus (Zipfian
 words of English-like lengths over a vocabulary of --vocab words, and 2% of word types outside it)
 is generated once into --corpus (default: a folder in the system's temp folder). The last line is
@@ -43,9 +44,11 @@ from elmo_jax.text.vocab import SPECIAL_TOKENS  # noqa: E402
 STAND_IN_MS = {(1, 128): 5.97, (1, 512): 14.08, (8, 128): 8.4, (8, 512): 18.6}
 
 
-def make_corpus(folder: Path, shards: int, tokens: int, vocab_size: int, seed: int = 0) -> Path:
-    """Writes LM1B's layout under `folder` (training shards, a held-out file, vocab.txt) unless
-    it is there; returns the folder."""
+def make_corpus(
+    folder: Path, shards: int, tokens: int, vocab_size: int, seed: int = 0, heldout_tokens: int | None = None
+) -> Path:
+    """Writes LM1B's layout under `folder` (training shards, a held-out file of `heldout_tokens`,
+    by default a quarter of a shard's, vocab.txt) unless it is there; returns the folder."""
     if (folder / "vocab.txt").is_file():
         return folder
     rng = np.random.default_rng(seed)
@@ -74,7 +77,7 @@ def make_corpus(folder: Path, shards: int, tokens: int, vocab_size: int, seed: i
 
     for s in range(shards):
         write(train / f"news.en-{s + 1:05d}-of-00100", tokens // shards)
-    write(heldout / "news.en.heldout-00000-of-00050", max(tokens // shards // 4, 1000))
+    write(heldout / "news.en.heldout-00000-of-00050", heldout_tokens or max(tokens // shards // 4, 1000))
     # The vocabulary: the special tokens and the `vocab_size` most frequent words (the rest are
     # out of it), most frequent first.
     vocab = list(SPECIAL_TOKENS) + list(words[: vocab_size - len(SPECIAL_TOKENS)])
@@ -138,42 +141,40 @@ def steady(corpus_dir: Path, groups: int, rows: int, unroll: int, batches: int) 
 
 
 def input_bound(corpus_dir: Path, groups: int, rows: int, unroll: int, batches: int, step_ms: float) -> float:
-    """The share of the loop's wall time spent in next(prefetch), against a stand-in step."""
-    import jax
-    import jax.numpy as jnp
-
+    """The share of time a device taking `step_ms` a step would have had nothing to do, fed by
+    this host (train's loop: one step in flight, the previous step's numbers read after the next
+    dispatch; TrainWindow's input-bound figure)."""
+    from benchmarks.common import StandInDevice
+    from elmo_jax.train.metrics import TrainWindow
     from elmo_jax.train.prefetch import Prefetcher
 
-    def take_time(n):
-        time.sleep(step_ms / 1000)
-        return np.float32(n)
-
-    @jax.jit
-    def step(batch):
-        n = jnp.sum(batch.mask, dtype=jnp.float32)
-        return jax.pure_callback(take_time, jax.ShapeDtypeStruct((), jnp.float32), n)
+    class Unwritten:
+        def write(self, step, kind, values):
+            self.values = values
 
     batcher, parallel = open_batcher(corpus_dir, groups, rows, unroll)
-    prefetch = Prefetcher(batcher, parallel.put_batch)
+    prefetch, record = Prefetcher(batcher, parallel.put_batch), Unwritten()
+    window, device = TrainWindow(record, batches, "sampled"), StandInDevice(step_ms / 1000)  # type: ignore[arg-type]
     try:
+        for _ in range(10):  # lets the queue settle at the rate that holds
+            next(prefetch)
+        window.restart()
         pending = None
-        for _ in range(10):  # compiles, and lets the queue settle at the rate that holds
-            batch, _ = next(prefetch)
-            float(step(batch))
-        waited, start = 0.0, time.perf_counter()
         for _ in range(batches):
-            before = time.perf_counter()
-            batch, _ = next(prefetch)
-            waited += time.perf_counter() - before
-            out = step(batch)
+            with window.waiting_for_input():
+                next(prefetch)
+            out = device.step()
+            window.dispatched(out)
             if pending is not None:
-                float(pending)  # as the train loop reads the previous step's metrics
+                pending.block_until_ready()  # as the train loop reads the previous step's numbers
             pending = out
-        float(pending)
-        wall = time.perf_counter() - start
+            window.add({"loss": 0.0, "loss_forward": 0.0, "loss_backward": 0.0, "grad_norm": 0.0, "tokens": 0})
+        pending.block_until_ready()
+        window.log(batches, 0.0)
     finally:
+        window.close()
         prefetch.close()
-    return waited / wall
+    return record.values["input_bound"]
 
 
 def main() -> None:
