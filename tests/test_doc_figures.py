@@ -66,6 +66,7 @@ def test_the_demo_corpus_figures_are_what_the_code_gives():
     import math
 
     from elmo_jax.experiments import demo
+
     from elmo_jax.text.batcher import StreamBatcher
     from elmo_jax.text.demo_corpus import DemoCorpus, grammar
     from elmo_jax.text.vocab import build_vocabulary
