@@ -23,7 +23,7 @@
 #   - the compiled step's loops under both schedules (critical_path.py) to $OUT/critical_path.txt;
 #   - the LSTM stacks, wavefront against layer after layer, and the loop step's floor
 #     (benchmarks/speed/recurrence.py) to $OUT/recurrence.txt.
-# CPU mode (GPU_SH_CPU=1; tests/test_benchmarks.py runs it): every step of this script at toy sizes
+# CPU mode (GPU_SH_CPU=1; `make gpu-cpu` runs it, and CI): every step of this script at toy sizes
 # on the CPU (cpu_peer at 2 rows, one step each, the tests interpreted, the host path and `train`
 # on a small text), so that the day a device is lent the script runs the first time and all of
 # its time goes to measuring. Its numbers mean nothing.
@@ -74,7 +74,7 @@ run() {
   JAX_PLATFORMS=$platform timeout 240 $python -m pytest -q -p no:cacheprovider tests/test_bilm.py \
     -k "pallas or many_blocks" 2>&1 | tail -3
 } | tee "$dir/pallas_tests.txt"
-grep -q failed "$dir/pallas_tests.txt" && echo "FAILED: the kernel tests" | tee -a "$dir/failures.txt"
+grep -qE 'failed|error|no tests ran' "$dir/pallas_tests.txt" && echo "FAILED: the kernel tests" | tee -a "$dir/failures.txt"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --trace_dir="$dir/trace_128"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --char_conv=xla
@@ -92,10 +92,12 @@ for schedule in wavefront layers; do
   mapfile -t flags < <(sized --config=original --per_device_batch=128)
   timeout 120 $python -m benchmarks.speed.critical_path "${flags[@]}" --dtype=bf16 \
     --lstm_schedule=$schedule 2>&1 | grep -E '^matmul loop|dependent loop' | tee -a "$dir/critical_path.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || echo "FAILED: critical_path $schedule" | tee -a "$dir/failures.txt"
 done
 mapfile -t flags < <(sized --config=original --per_device_batch=128)
 timeout 120 $python -m benchmarks.speed.recurrence "${flags[@]}" "${toy_steps[@]}" 2>&1 | tail -5 \
   | tee "$dir/recurrence.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || echo "FAILED: recurrence" | tee -a "$dir/failures.txt"
 # The host's input path on this machine's cores (CPU devices: text to batches, against the
 # plan's step times), then `train` end to end on the GPU at 512 rows over the same LM1B-layout
 # text: its log windows' tokens/s and input-bound share, beside the step alone above.
@@ -108,7 +110,9 @@ if [ "$cpu" = 1 ]; then
 fi
 timeout 300 env JAX_PLATFORMS=cpu $python -m benchmarks.speed.host_path "${text[@]}" --batches=60 2>&1 \
   | grep -E 'rows:|^\{' | tee "$dir/host_path.txt"
-lm1b="${TMPDIR:-/tmp}/elmo_jax_host_path_${text[0]#--shards=}_${text[1]#--tokens=}_${text[2]#--vocab=}"
+[ "${PIPESTATUS[0]}" = 0 ] || echo "FAILED: host_path" | tee -a "$dir/failures.txt"
+tmp=$($python -c 'import tempfile; print(tempfile.gettempdir())')  # where host_path made its text
+lm1b="$tmp/elmo_jax_host_path_${text[0]#--shards=}_${text[1]#--tokens=}_${text[2]#--vocab=}"
 timeout 420 $python launch.py train "${train[@]}" --workdir="$dir/train_e2e" --config.data.train="lm1b:$lm1b" \
   --config.data.vocab="$lm1b/vocab.txt" --config.data.heldout= --config.train.compute_dtype=bfloat16 \
   --config.train.checkpoint_every=100000 2>&1 | grep -E 'step [0-9]+/|input|Error' | tee "$dir/train_e2e.txt"

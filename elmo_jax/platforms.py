@@ -7,13 +7,16 @@ as it was. Compiling for an accelerator without one (`plan`) works either way.""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
 # Device files of attached accelerators: NVIDIA GPUs, AMD GPUs (ROCm), TPUs (/dev/accel*: v2-v4,
-# /dev/vfio/N: v5e and later).
-_ACCELERATORS = ("nvidiactl", "nvidia[0-9]*", "kfd", "accel[0-9]*", "vfio/[0-9]*")
+# /dev/vfio/N: v5e and later), GPUs under WSL 2 (/dev/dxg).
+_ACCELERATORS = ("nvidiactl", "nvidia[0-9]*", "kfd", "accel[0-9]*", "vfio/[0-9]*", "dxg")
+# The plugins that probe for their hardware when JAX starts (the `plan` extra installs them).
+_PROBING_PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13", "jax_cuda12_plugin", "libtpu")
 
 
 def accelerator_attached(dev: Path = Path("/dev")) -> bool:
@@ -27,11 +30,25 @@ def cpu_unless_accelerated(environ: MutableMapping[str, str] = os.environ, dev: 
 
 
 def cpu_in_jax_unless_accelerated(dev: Path = Path("/dev")) -> None:
-    """For the library: JAX's `jax_platforms` set to "cpu" where no platform was chosen (the
-    variable or the config), JAX has not started its backends and no accelerator is attached."""
+    """For the library: JAX's `jax_platforms` set to "cpu" where a plugin that probes for its
+    hardware is installed, no platform was chosen (JAX_PLATFORMS or the config: the way to
+    choose another), JAX has not started its backends and no accelerator is attached."""
     import jax
-    from jax._src import xla_bridge
 
-    if jax.config.jax_platforms or xla_bridge.backends_are_initialized() or accelerator_attached(dev):
+    if not any(_installed(name) for name in _PROBING_PLUGINS) or jax.config.jax_platforms or accelerator_attached(dev):
         return
-    jax.config.update("jax_platforms", "cpu")
+    try:
+        from jax._src import xla_bridge
+
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):  # another JAX: leave its platforms alone
+        return
+    if not started:
+        jax.config.update("jax_platforms", "cpu")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is not there
+        return False

@@ -16,8 +16,9 @@ Two kinds of stretch change that:
                Stopped inside; one that came meanwhile is raised at the end
   deferred()   training's steps: signals are recorded only; the loop sees `requested()`, saves
                the step it is at and stops. A second SIGINT raises KeyboardInterrupt (quit at
-               once, without a checkpoint); in a multi-process run, the first (the processes
-               cannot agree on a step to stop at on SIGINT; JAX's own handler takes SIGTERM)
+               once, without a checkpoint), and so does every SIGINT after it, wherever it
+               lands; in a multi-process run, the first (the processes cannot agree on a step
+               to stop at on SIGINT; JAX's own handler takes SIGTERM)
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ class Stopped(BaseException):
 
 
 _received: list[int] = []  # every stop signal since `install`, in order
-_state = {"installed": False, "raised": False, "critical": 0, "deferred": 0}
+_state = {"installed": False, "raised": False, "critical": 0, "deferred": 0, "quit": False, "pipe": False}
 _previous: dict[int, Any] = {}
 
 
 def _handle(signum: int, frame: object) -> None:
     _received.append(signum)
-    if _state["deferred"]:
-        if signum == signal.SIGINT and _received.count(signal.SIGINT) == _state["deferred"]:
-            raise KeyboardInterrupt
-    elif len(_received) > 1 and not _state["critical"] and not _state["raised"]:  # a second: at once
-        _state["raised"] = True
+    quitting = _state["deferred"] and _received.count(signal.SIGINT) >= _state["deferred"]
+    if signum == signal.SIGINT and (quitting or _state["quit"]):  # and every SIGINT after: still quitting
+        _state["quit"] = True
+        raise KeyboardInterrupt
+    if not _state["deferred"] and len(_received) > 1 and not _state["critical"] and not _state["raised"]:
+        _state["raised"] = True  # a second signal: at once
         raise Stopped(_received[0])
 
 
@@ -59,10 +61,10 @@ def install() -> bool:
     it is installed already. Only the main thread can install it."""
     if _state["installed"]:
         return False
+    _received.clear()
+    _state.update(installed=True, raised=False, critical=0, deferred=0, quit=False, pipe=False)
     for signum in SIGNALS:
         _previous[signum] = signal.signal(signum, _handle)
-    _received.clear()
-    _state.update(installed=True, raised=False, critical=0, deferred=0)
     return True
 
 
@@ -72,24 +74,31 @@ def uninstall() -> None:
         signal.signal(signum, previous)
     _previous.clear()
     _received.clear()
-    _state.update(installed=False, raised=False, critical=0, deferred=0)
+    _state.update(installed=False, raised=False, critical=0, deferred=0, quit=False, pipe=False)
 
 
 def closed_pipe() -> None:
-    """Stdout's reader has gone (a closed pipe): a stop, as a SIGPIPE would have been."""
-    _received.append(signal.SIGPIPE)
+    """Stdout's reader has gone (a closed pipe): a stop, as a SIGPIPE would have been (it does
+    not count as a first signal: a SIGTERM after it is one)."""
+    _state["pipe"] = True
+
+
+def _first() -> int | None:
+    return _received[0] if _received else signal.SIGPIPE if _state["pipe"] else None
 
 
 def requested() -> str | None:
-    """The name of the first stop signal received, or None."""
-    return signal.Signals(_received[0]).name if _received else None
+    """The name of the first stop signal received (SIGPIPE: stdout closed), or None."""
+    first = _first()
+    return None if first is None else signal.Signals(first).name
 
 
 def check() -> None:
     """Raises Stopped if a signal came (outside a deferred or critical stretch)."""
-    if _received and not _state["deferred"] and not _state["critical"]:
+    first = _first()
+    if first is not None and not _state["deferred"] and not _state["critical"]:
         _state["raised"] = True
-        raise Stopped(_received[0])
+        raise Stopped(first)
 
 
 @contextlib.contextmanager
@@ -114,4 +123,4 @@ def deferred(quit_at_sigint: int = 2) -> Iterator[None]:
         yield
     finally:
         _state["deferred"] = 0
-        _state["raised"] = bool(_received)
+        _state["raised"] = _first() is not None

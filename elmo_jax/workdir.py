@@ -97,19 +97,29 @@ class Workdir:
         files = (self.config_json, self.vocab_txt, self.metrics_jsonl, self.curves_png, self.lock)
         return (*files, self.checkpoints, self.tensorboard)
 
-    def written(self) -> set[str]:
-        """The names of training's files and folders that are here."""
-        return {p.name for p in self._trainers() if p.exists()}
+    def written(self) -> dict[str, str | None]:
+        """Training's files and folders that are here, by name: config.json's and vocab.txt's
+        contents, None for the others."""
+        small = (self.config_json, self.vocab_txt)
+        return {p.name: p.read_text(encoding="utf-8") if p in small else None for p in self._trainers() if p.exists()}
 
-    def undo_start(self, before: set[str], made: list[Path]) -> list[str]:
-        """Removes what a start that never ran a step wrote (training's files and folders that
-        were not here `before`), then the folders `create` `made`, if empty; returns the names
-        it removed."""
-        new = [p for p in self._trainers() if p.exists() and p.name not in before]
-        for path in new:
-            remove(path)
+    def undo_start(self, before: dict[str, str | None], made: list[Path]) -> list[str]:
+        """Puts the folder back as it was `before` (`written`) a start that never ran a step:
+        removes training's files and folders that were not here, writes config.json and
+        vocab.txt back as they were, then removes the folders `create` `made`, if empty.
+        Returns the names it removed or wrote back."""
+        undone = []
+        for path in self._trainers():
+            if not path.exists():
+                continue
+            if path.name not in before:
+                remove(path)
+                undone.append(path.name)
+            elif (text := before[path.name]) is not None and path.read_text(encoding="utf-8") != text:
+                write_text(path, text)
+                undone.append(path.name)
         remove_empty(made)
-        return [p.name for p in new]
+        return undone
 
     def is_run(self) -> bool:
         """A training run's folder: config.json and checkpoints/."""
@@ -135,7 +145,7 @@ class Workdir:
             config[section].update(saved.get(section, {}))
         return ml_collections.ConfigDict(config)
 
-    def write_config(self, config: ml_collections.ConfigDict, vocab: Vocabulary, source: dict) -> None:
+    def write_config(self, config: ml_collections.ConfigDict, vocab: Vocabulary, source: dict | None) -> None:
         """config.json: the resolved config, the vocabulary's record (with its `source`, see
         `vocab_source`) and the environment of the run writing it (a resumed run records its
         own; process 0 writes)."""
@@ -158,21 +168,30 @@ class Workdir:
             )
         return vocab
 
-    def training_vocab(self, config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[Vocabulary, dict]:
-        """vocab.txt and its source (`vocab_source`). One that is here is used where it was made
-        from this run's data; one made from other data (or whose source no config.json records)
-        is rebuilt if no checkpoint was trained with it, else refused. Otherwise it is copied
-        from config.data.vocab or built from `corpus` (min_count), and saved (process 0 writes)."""
-        source = vocab_source(config, corpus)
+    def training_vocab(self, config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[Vocabulary, dict | None]:
+        """vocab.txt and its source (`vocab_source`; None for a workdir older than the record).
+        One that is here is used where it was made from this run's data; one made from other
+        data is made again if no checkpoint was trained with it, else refused, as is one no
+        config.json of ours accounts for. Otherwise it is copied from config.data.vocab or built
+        from `corpus` (min_count), and saved (process 0 writes)."""
+        given = Vocabulary.load(config.data.vocab) if config.data.vocab else None
+        source = vocab_source(config, corpus, given)
         if self.vocab_txt.is_file():
             vocab = self.vocab()
-            recorded = (self.saved().get("vocabulary") or {}).get("source") if self.config_json.is_file() else None
+            vocabulary = self.saved().get("vocabulary") if self.config_json.is_file() else None
+            if vocabulary is None:  # no config.json of ours says this file is ours
+                raise UserError(
+                    f"{self.vocab_txt} is here, and no {self.config_json.name} says what it was made from (not "
+                    f"written by a run of this version): give your own vocabulary as --config.data.vocab=FILE; "
+                    f"remove {self.vocab_txt.name} or use another workdir"
+                )
+            recorded = vocabulary.get("source")
             if recorded is not None and _same_source(recorded, source):
                 return vocab, source
             trained = self.checkpoints.is_dir() and any(p.name.isdigit() for p in self.checkpoints.iterdir())
             if trained and recorded is None:  # a workdir older than the record: checked as it was
-                _check_given(config, vocab, self.vocab_txt)
-                return vocab, source
+                _check_given(given, vocab, self.vocab_txt)
+                return vocab, None
             if trained:
                 raise UserError(
                     f"{self.vocab_txt} was made from {_describe(recorded)}, but this run's vocabulary comes from "
@@ -181,8 +200,8 @@ class Workdir:
                 )
             log.info("%s was made from %s, not from this run's %s, and no checkpoint uses it: making it again",
                      self.vocab_txt, _describe(recorded), _describe(source))  # fmt: skip
-        if config.data.vocab:
-            vocab = Vocabulary.load(config.data.vocab)
+        if given is not None:
+            vocab = given
         else:
             log.info("building the vocabulary from %s (min_count %d)", corpus.name, config.data.min_count)
             vocab, stats = build_vocabulary(corpus.stream(), config.data.min_count)
@@ -270,11 +289,11 @@ class Workdir:
         return RunParams(config, run_model, vocab, params, step)
 
 
-def vocab_source(config: ml_collections.ConfigDict, corpus: Corpus) -> dict:
-    """Where a run's vocabulary comes from: the file config.data.vocab (and its SHA-256), or the
-    training text (config.data.train, min_count and the text's fingerprint)."""
-    if config.data.vocab:
-        return {"file": str(config.data.vocab), "sha256": Vocabulary.load(config.data.vocab).sha256}
+def vocab_source(config: ml_collections.ConfigDict, corpus: Corpus, given: Vocabulary | None) -> dict:
+    """Where a run's vocabulary comes from: the file config.data.vocab (`given`, by its
+    SHA-256), or the training text (config.data.train, min_count and the text's fingerprint)."""
+    if given is not None:
+        return {"file": str(config.data.vocab), "sha256": given.sha256}
     return {"built_from": config.data.train, "min_count": config.data.min_count, "text_sha256": corpus.fingerprint()}
 
 
@@ -293,15 +312,13 @@ def _describe(source: dict | None) -> str:
     return f"{source['built_from']} (min_count {source['min_count']}, text sha256 {source['text_sha256'][:12]})"
 
 
-def _check_given(config: ml_collections.ConfigDict, vocab: Vocabulary, vocab_txt: Path) -> None:
-    """config.data.vocab, where given, holds the words of the vocabulary the workdir was trained with."""
-    if config.data.vocab:
-        given = Vocabulary.load(config.data.vocab)
-        if given.words != vocab.words:
-            raise UserError(
-                f"config.data.vocab {config.data.vocab} ({len(given)} words) differs from the "
-                f"vocabulary this workdir was trained with, {vocab_txt} ({len(vocab)} words)"
-            )
+def _check_given(given: Vocabulary | None, vocab: Vocabulary, vocab_txt: Path) -> None:
+    """config.data.vocab, where `given`, holds the words of the vocabulary the workdir was trained with."""
+    if given is not None and given.words != vocab.words:
+        raise UserError(
+            f"config.data.vocab ({len(given)} words) differs from the vocabulary this workdir was trained "
+            f"with, {vocab_txt} ({len(vocab)} words)"
+        )
 
 
 def _options_of(shapes: dict[str, tuple[int, ...]], options: dict) -> dict:

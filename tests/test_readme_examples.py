@@ -42,3 +42,23 @@ def test_the_downstream_examples_run(fixtures_dir, capsys):
     assert accuracy, printed
     assert namespace["out"]["elmo_representations"][0].shape == (2, 5, 32)
     assert "(3, 7, 32)" in printed  # the Embedder example's shape for the fixture model (P = 16)
+
+
+@pytest.mark.launches
+@pytest.mark.slow
+def test_the_readme_tours_commands_run_as_written(tmp_path):
+    """The tour's train, eval and embed on a fresh workdir, in a checkout (its sample input);
+    the published model's download and plan's compile (minutes) are left to their own tests."""
+    from cli import run_cli
+
+    (block,) = re.findall(r"## A tour\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    commands = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("elmo-jax")]
+    ran = 0
+    for command in commands:
+        if command[1] not in ("train", "eval", "embed") or any(a.startswith("--model=") for a in command):
+            continue
+        args = [a.replace("/tmp/", f"{tmp_path}/") for a in command[1:]]
+        result = run_cli(args)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        ran += 1
+    assert ran == 3 and (tmp_path / "layers.h5").is_file()

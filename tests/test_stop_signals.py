@@ -112,3 +112,23 @@ def test_a_signal_before_an_output_is_in_place_gives_it_up(installed, tmp_path):
             _signal()
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
     assert outputs.abandon_unfinished().startswith(f"removed the unfinished {target}")
+
+
+def test_once_quitting_every_sigint_quits_again(installed):
+    """After the second SIGINT of the steps (quit at once), a third while the loop's clean-up
+    waits for a save quits too: it was recorded and ignored."""
+    with pytest.raises(KeyboardInterrupt):
+        with stop_signals.deferred():
+            _signal(signal.SIGINT)
+            _signal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        _signal(signal.SIGINT)
+
+
+def test_a_closed_pipe_stops_but_is_no_first_signal(installed):
+    stop_signals.closed_pipe()
+    assert stop_signals.requested() == "SIGPIPE"
+    _signal(signal.SIGTERM)  # the first real signal: recorded, nothing raised
+    with pytest.raises(stop_signals.Stopped) as stop:
+        stop_signals.check()
+    assert stop.value.name == "SIGTERM"

@@ -232,7 +232,8 @@ def test_a_warm_start_reads_no_text_and_a_changed_file_is_read_again(shards, mon
 
 
 def test_an_archive_is_listed_once(tmp_path, monkeypatch):
-    """The members of a .tar.gz are remembered: the next start does not decompress it to list them."""
+    """The members of a .tar.gz and their SHA-256 are remembered: the next start does not
+    decompress it to list them."""
     import io
     import tarfile
 
@@ -245,10 +246,11 @@ def test_an_archive_is_listed_once(tmp_path, monkeypatch):
             info = tarfile.TarInfo(name)
             info.size = 4
             tar.addfile(info, io.BytesIO(b"a b\n"))
-    assert shards.archive_members(archive) == ["x/one.txt", "x/two.txt"]
+    sha = hashlib.sha256(b"a b\n").hexdigest()
+    assert shards.archive_members(archive) == [("x/one.txt", sha), ("x/two.txt", sha)]
     file_facts._in_process.clear()
     monkeypatch.setattr(shards, "iter_archive", lambda path: pytest.fail("decompressed again"))
-    assert shards.archive_members(archive) == ["x/one.txt", "x/two.txt"]
+    assert shards.archive_members(archive) == [("x/one.txt", sha), ("x/two.txt", sha)]
 
 
 @pytest.fixture

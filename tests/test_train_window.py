@@ -55,7 +55,7 @@ def test_compiles_are_logged_at_info_from_half_a_second_and_at_debug_below(caplo
     assert levels == {"compiled jit(train_step) in 12.5 s": "INFO", "compiled jit(slice) in 0.1 s": "DEBUG"}
 
 
-STEP_S = 0.03
+STEP_S = 0.05
 
 
 def run_against(batch_s: float, steps: int = 25) -> tuple[float, float]:
@@ -92,8 +92,8 @@ def test_input_bound_is_the_share_of_time_the_device_had_nothing_to_do(caplog):
     caplog.set_level("INFO", logger="elmo_jax.train.metrics")
     faster, faster_wait = run_against(0.6 * STEP_S)
     slower, slower_wait = run_against(1.5 * STEP_S)
-    assert faster < 0.05 and 0.45 < faster_wait < 0.75, (faster, faster_wait)
-    assert 0.25 < slower < 0.42 and slower_wait > 0.9, (slower, slower_wait)
+    assert faster < 0.08 and faster_wait > 0.4, (faster, faster_wait)
+    assert 0.2 < slower < 0.45 and slower_wait > 0.85, (slower, slower_wait)
     warnings = [r for r in caplog.records if "had nothing to do" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
     assert "input-bound" in caplog.text

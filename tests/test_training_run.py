@@ -230,14 +230,18 @@ def test_a_failed_start_leaves_the_workdir_as_it_found_it(tmp_path, text_data, c
     with pytest.raises(ValueError, match="no sentences"):
         train(config, mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
-    assert f"the start failed; removed what it wrote in {mine} (vocab.txt, train.lock)" in caplog.text
+    assert f"the start failed; {mine} is as it was (undone: vocab.txt, train.lock)" in caplog.text
 
 
 @pytest.mark.slow
-def test_a_vocabulary_made_from_other_data_is_made_again_or_refused(tmp_path, text_data, caplog):
+def test_a_vocabulary_made_from_other_data_is_made_again_or_refused(tmp_path, text_data, caplog, monkeypatch):
     """config.json records what vocab.txt was made from (the source, min_count, the text's
-    SHA-256). One made from other data is made again where no checkpoint used it (and so is one
-    no config.json explains: an earlier version's failed start), refused where one did."""
+    SHA-256). One made from other data is made again where no checkpoint used it, refused where
+    one did; one no config.json accounts for (an earlier version's failed start, or the user's
+    own) is refused and left as it is. A resume that fails before its first step puts
+    config.json back as it was."""
+    from elmo_jax.checkpoint import Checkpoints
+
     caplog.set_level("INFO")
     own = tmp_path / "train.txt"
     own.write_text((text_data / "train.txt").read_text())
@@ -247,11 +251,22 @@ def test_a_vocabulary_made_from_other_data_is_made_again_or_refused(tmp_path, te
     leftover = tmp_path / "leftover"
     leftover.mkdir()
     (leftover / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
+    with pytest.raises(ValueError, match=r"vocab.txt is here, and no config.json says what it was made from"):
+        train(config, leftover)
+    assert sorted(p.name for p in leftover.iterdir()) == ["vocab.txt"]
+    assert (leftover / "vocab.txt").read_text() == "<S>\n</S>\n<UNK>\n"
+    (leftover / "vocab.txt").unlink()
     train(config, leftover)
-    assert "made from a source no config.json records" in caplog.text
-    assert len((leftover / "vocab.txt").read_text().split()) > 3
     source = json.loads((leftover / "config.json").read_text())["vocabulary"]["source"]
     assert source["built_from"] == f"text:{own}" and source["min_count"] == 1 and len(source["text_sha256"]) == 64
+
+    saved = (leftover / "config.json").read_text()
+    with config.unlocked():
+        config.train.eval_every = 7  # a resume may change it: config.json is written anew
+    with monkeypatch.context() as m, pytest.raises(RuntimeError, match="a failed restore"):
+        m.setattr(Checkpoints, "restore", lambda *a: (_ for _ in ()).throw(RuntimeError("a failed restore")))
+        train(config, leftover)
+    assert (leftover / "config.json").read_text() == saved  # the failed resume's record undone
 
     own.write_text((text_data / "heldout.txt").read_text())  # the same file, other text
     with pytest.raises(ValueError, match=r"vocab.txt was made from text:.*train.txt \(min_count 1, text sha256 .*\), "

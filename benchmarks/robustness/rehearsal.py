@@ -13,9 +13,9 @@ Each phase runs in a process of its own, so its peak resident memory is its own 
   data_folder_warm   tokenize through the token cache, the batcher) to the first batch, with
   data_archive_cold  the token cache empty, then filled: the folder, then the .tar.gz (each
   data_archive_warm  with a cache of its own); the token arrays' bytes beside the peak
-  host_rate          the host's batches against a stand-in for the H200 step (plan's expected
-                     step at 128 and 512 rows): tokens/s, and the share of time that device would
-                     have had nothing to do (train's input-bound figure)
+  host_rate          the host's batches against a stand-in for the H200 step (host_path.py's
+                     STAND_IN_MS, at 128 and 512 rows): tokens/s, and the share of time that device
+                     would have had nothing to do (train's input-bound figure)
   evaluation         the host side of evaluating the held-out shard (its batches, no model),
                      twice with one word table (a run's periodic evaluations), and the held-out
                      subset made anew each time (as every periodic evaluation did before)
@@ -51,7 +51,6 @@ from benchmarks.common import ROOT
 
 PHASES = ("generate", "data_folder_cold", "data_folder_warm", "data_archive_cold", "data_archive_warm", "host_rate",
           "evaluation", "checkpoint", "train", "faults")  # fmt: skip
-STAND_IN_MS = {128: 9.0, 512: 19.8}  # plan's expected H200 step, bfloat16, 1 device (docs/PERFORMANCE.md)
 GB = 1e9
 
 
@@ -203,7 +202,10 @@ def main() -> None:
             results[name] = _measured(_train_args(args, workdir, args.steps), phase_env)
             results[name]["checkpoint_gb"] = _size_gb(workdir / "checkpoints" / str(args.steps))
         elif name == "faults":
-            results[name] = _faults(args, phase_env, Path(args.folder) / "run_uninterrupted")
+            uninterrupted = Path(args.folder) / "run_uninterrupted"
+            if not _landed(uninterrupted / "checkpoints", args.steps):  # the run to compare with, first
+                _measured(_train_args(args, uninterrupted, args.steps), phase_env)
+            results[name] = _faults(args, phase_env, uninterrupted)
         else:
             results[name] = _phase(name, args, phase_env)
         if name.startswith("data_"):
@@ -272,12 +274,12 @@ def _data(args: argparse.Namespace, source: str) -> dict:
 
 
 def _host_rate(args: argparse.Namespace) -> dict:
-    from benchmarks.speed.host_path import input_bound, steady
+    from benchmarks.speed.host_path import STAND_IN_MS, input_bound, steady
     from elmo_jax.host_memory import keep_freed_memory
 
     keep_freed_memory()
     text, out = _text(args.folder), {}
-    for rows, ms in STAND_IN_MS.items():
+    for rows, ms in ((rows, STAND_IN_MS[1, rows]) for rows in (128, 512)):
         out[f"{rows}_rows"] = {"tokens_per_s": round(steady(text, 1, rows, 20, 40)), "stand_in_ms": ms,
                                "input_bound": round(input_bound(text, 1, rows, 20, 60, ms), 3)}  # fmt: skip
     return out

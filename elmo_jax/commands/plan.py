@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 from absl.flags import FlagValues
 
 from elmo_jax import stop_signals, strict_json
 from elmo_jax.commands.command import Command
+from elmo_jax.errors import UserError
 
 log = logging.getLogger("elmo_jax")
 GB = 1e9
@@ -22,8 +24,11 @@ def main(flags: FlagValues) -> None:
 
     validate(flags.config)  # the settings by train's rules, before the compiler is looked for
     files = {name: getattr(flags, name) for name in ("hlo", "json") if getattr(flags, name)}
+    if len(files) == 2 and Path(files["hlo"]).absolute() == Path(files["json"]).absolute():
+        raise UserError(f"--hlo and --json name one file, {files['hlo']}: give each its own")
+    config_file = getattr(flags["config"], "config_filename", None)  # ml_collections' config flag keeps it
     for name, path in files.items():
-        check_output(path, flags.overwrite, name=name)  # before compiling
+        check_output(path, flags.overwrite, (config_file,), name=name)  # before compiling
     quiet_accelerator_plugins()
     from elmo_jax.plan.targets import target as find_target
 

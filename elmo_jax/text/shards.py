@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
+import hashlib
 import logging
 import tarfile
 import time
@@ -70,7 +72,8 @@ def _invalid_utf8(lines: list[bytes]) -> list[int]:
 
 
 def _non_empty(f: Iterable[bytes] | None) -> list[bytes]:
-    return [line for line in f or () if line.strip()]
+    """A file's non-empty lines, without their newlines (as token_store.non_empty cuts them)."""
+    return [line[:-1] if line.endswith(b"\n") else line for line in f or () if line.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,14 +88,15 @@ class Shard:
         return f"{self.path}:{self.member}" if self.member else str(self.path)
 
     def sha256(self) -> bytes:
-        """The SHA-256 of the file (of the archive, for a member): remembered (file_facts.py)."""
-        return file_facts.sha256(self.path, cache_root())
+        """The SHA-256 of the file's bytes, or of the member's: remembered (file_facts.py)."""
+        if self.member is None:
+            return file_facts.sha256(self.path, cache_root())
+        return bytes.fromhex(dict(archive_members(self.path))[self.member])
 
     def identity(self) -> bytes:
-        """What the shard is, unambiguously (token_store.identity)."""
-        if self.member is None:
-            return identity("file", self.sha256())
-        return identity("archive member", self.sha256(), self.member.encode())
+        """What the shard is, unambiguously (token_store.identity): its bytes, whether a file
+        or an archive's member holds them (the same text tokenized once, either way)."""
+        return identity("file", self.sha256())
 
     def lines(self) -> list[bytes]:
         """The shard's non-empty lines, as bytes."""
@@ -116,13 +120,31 @@ def iter_archive(path: Path) -> Iterator[tuple[str, IO[bytes] | None]]:
                     name = info.name
                     yield name, archive.extractfile(info)
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise UserError(f"{path}: corrupt or truncated archive, while reading {name}: {e}") from None
+        raise _corrupt(path, name, e) from None
 
 
-def archive_members(path: Path) -> list[str]:
-    """The names of a .tar.gz's regular files, in archive order: listed once by decompressing it
-    whole, then remembered by the archive's state (file_facts.py)."""
-    return file_facts.remembered(path, "members", lambda p: [name for name, _ in iter_archive(p)], cache_root())
+def _corrupt(path: Path, member: str, error: Exception) -> UserError:
+    return UserError(f"{path}: corrupt or truncated archive, while reading {member}: {error}")
+
+
+def archive_members(path: Path) -> list[tuple[str, str]]:
+    """(name, SHA-256 of its bytes) of a .tar.gz's regular files, in archive order: listed once
+    by decompressing it whole, then remembered by the archive's state (file_facts.py)."""
+
+    def listed(archive: Path) -> list[tuple[str, str]]:
+        out = []
+        for name, member in iter_archive(archive):
+            stop_signals.check()
+            digest = hashlib.sha256()
+            try:
+                while member is not None and (chunk := member.read(1 << 20)):
+                    digest.update(chunk)
+            except (tarfile.TarError, EOFError, OSError) as e:
+                raise _corrupt(archive, name, e) from None
+            out.append((name, digest.hexdigest()))
+        return out
+
+    return [tuple(m) for m in file_facts.remembered(path, "members", listed, cache_root())]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -135,9 +157,14 @@ class RecordBlock:
     stop: int
     name: str
 
-    def identity(self) -> bytes:
-        """What the block is: the SHA-256 of its lines (token_store.identity)."""
+    @functools.cached_property
+    def _identity(self) -> bytes:
         return identity("records", lines_sha256(self.lines()))
+
+    def identity(self) -> bytes:
+        """What the block is: the SHA-256 of its lines (token_store.identity), read once a
+        process: a block's records are read (a start reads a TFDS source's text to know it)."""
+        return self._identity
 
     def lines(self) -> list[bytes]:
         out = []
@@ -193,7 +220,8 @@ class ShardedCorpus:
         if not isinstance(first, Shard) or first.member is None:
             yield from ((i, self.shards[i].lines()) for i in wanted)
             return
-        index = {s.member: i for i, s in enumerate(self.shards) if isinstance(s, Shard) and i in set(wanted)}
+        chosen = set(wanted)
+        index = {s.member: i for i, s in enumerate(self.shards) if isinstance(s, Shard) and i in chosen}
         if not index:
             return
         for name, member in iter_archive(first.path):
@@ -266,7 +294,7 @@ def lm1b_shards(path: Path, split: str) -> list[Shard]:
             f"folder {LM1B_DIR}/ or the folder holding it)"
         )
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        members = [name for name in archive_members(path) if fnmatch.fnmatch(name, f"*{pattern}")]
+        members = [name for name, _ in archive_members(path) if fnmatch.fnmatch(name, f"*{pattern}")]
         if not members:
             raise MissingFile(f"lm1b:{path}: the archive has no member matching */{pattern}")
         return [Shard(path, m) for m in sorted(members)]

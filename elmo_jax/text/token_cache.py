@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from elmo_jax import stop_signals
+from elmo_jax.errors import RunFailed
 from elmo_jax.text import token_workers
 from elmo_jax.text.token_store import Cached, cache_key, cache_root, cached, save, writable
 from elmo_jax.text.tokenized import Lines, tokenize_lines
@@ -55,8 +56,8 @@ def tokenize(
     i's text file and its SHA-256 where it is one (worker processes can read it)."""
     root, start = cache_root(), time.monotonic()
     problem = None if root is None else writable(root)
-    store = None if problem else root  # where the shards' numbers are kept
-    paths = [None if store is None else store / f"{cache_key(i, vocab.sha256)}.npz" for i in identities]
+    store = None if problem else root  # where new numbers are kept (a cache that cannot be written is still read)
+    paths = [None if root is None else root / f"{cache_key(i, vocab.sha256)}.npz" for i in identities]
     results: list[Lines | Cached | None] = [None if p is None else cached(p) for p in paths]
     missing = [i for i, r in enumerate(results) if r is None]
     if not missing:
@@ -65,7 +66,7 @@ def tokenize(
     tasks = {
         i: (file[0], file[1], path) for i in missing if i < len(files) and (file := files[i]) and (path := paths[i])
     }
-    workers = min(len(tasks), os.cpu_count() or 1)
+    workers = min(len(tasks), os.cpu_count() or 1) if store is not None else 0
     if store is not None and workers > 1 and sum(t[0].stat().st_size for t in tasks.values()) >= PARALLEL_BYTES:
         log.info("%s: tokenizing %d file(s) in %d processes into the token cache %s (%d read from it)", name,
                  len(tasks), workers, store, hits)  # fmt: skip
@@ -73,12 +74,12 @@ def tokenize(
         for i, (_, _, path) in tasks.items():
             results[i] = cached(path)
             if results[i] is None:
-                raise RuntimeError(f"token cache: a worker reported {path} written, and it is not there")
+                raise RunFailed(f"token cache: a worker reported {path} written, and it is not there (removed?)")
     rest = [i for i, r in enumerate(results) if r is None]
     last = time.monotonic()
     for done, (i, lines) in enumerate(read(rest), start=1):
         results[i] = numbers = tokenize_lines(lines, vocab.word_ids)
-        path = paths[i]
+        path = paths[i] if store is not None else None
         if path is not None:
             try:
                 save(path, numbers)
@@ -96,6 +97,7 @@ def tokenize(
                     "start", root, problem, in_memory)  # fmt: skip
     log.info("%s: tokenized %d shard(s) in %.1fs (%d read from the token cache)", name, len(missing),
              time.monotonic() - start, hits)  # fmt: skip
-    if any(r is None for r in results):
-        raise RuntimeError(f"{name}: read() left shards {[i for i, r in enumerate(results) if r is None]} out")
+    missed = [i for i, r in enumerate(results) if r is None]
+    if missed:
+        raise RuntimeError(f"{name}: read() left shards {missed} out")  # a bug of the caller's
     return [r for r in results if r is not None]

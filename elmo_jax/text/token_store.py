@@ -65,7 +65,7 @@ class Cached:
     def __init__(self, path: Path):
         self.path = path
         with np.load(path) as f:
-            lengths, oov, bad, n_ids = f["lengths"], f["oov"], f["bad"], f["ids"].shape[0]
+            lengths, oov, bad, n_ids = f["lengths"], f["oov"], f["bad"], _length(f, "ids")
         if lengths.dtype != np.int32 or int(lengths.sum(dtype=np.int64)) != n_ids:
             raise ValueError("arrays of the wrong type or size")
         words = oov.tobytes().decode("utf-8", "surrogatepass")
@@ -78,6 +78,15 @@ class Cached:
         if ids.dtype != np.int32 or len(ids) != int(self.lengths.sum(dtype=np.int64)):
             raise ValueError(f"token cache: {self.path} changed since it was read; run again")
         return ids
+
+
+def _length(npz, name: str) -> int:
+    """The length of array `name` of an open .npz, from its header alone (not its data)."""
+    with npz.zip.open(f"{name}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        shape, _, _ = read_header[version](member)
+    return int(shape[0])
 
 
 def save(path: Path, lines: Lines) -> None:

@@ -93,7 +93,7 @@ def _watch(workers: list[_Worker], total: int) -> None:
     pending = {w.process.stdout.fileno(): w for w in workers if w.process.stdout is not None}
     start = last = time.monotonic()
     while pending:
-        ready, _, _ = select.select(list(pending), [], [], 1.0)  # a stop signal raises from here
+        ready, _, _ = select.select(list(pending), [], [], 1.0)  # at most a second before the check below
         for fd in ready:
             worker = pending[fd]
             said = os.read(fd, 4096)

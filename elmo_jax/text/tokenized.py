@@ -83,6 +83,10 @@ class Tokenized(NamedTuple):
     starts: np.ndarray  # (S,) int64
     lengths: np.ndarray  # (S,) int32
 
+    def oov_rate(self) -> float:
+        """The share of its words outside the vocabulary (types V and above)."""
+        return float(np.count_nonzero(self.ids >= self.types.vocab_size) / max(len(self.ids), 1))
+
     def positions(self) -> int:
         """Positions of one pass: n + 1 for each sentence of n > 0 words."""
         n = self.lengths.astype(np.int64)

@@ -119,14 +119,14 @@ def evaluate(
 def _oov_rate(corpus: Corpus, vocab: Vocabulary) -> float:
     """The share of the corpus's words outside the vocabulary; warns (once per corpus and
     vocabulary) where it is above HIGH_OOV."""
-    ids = corpus.tokenized(vocab).ids
-    rate = float(np.count_nonzero(ids >= len(vocab)) / max(len(ids), 1))
+    tokenized = corpus.tokenized(vocab)
+    rate = tokenized.oov_rate()
     if rate > HIGH_OOV and (corpus.name, vocab.sha256) not in _warned:
         _warned.add((corpus.name, vocab.sha256))
         log.warning(
             "%s: %.1f%% of its %d words are outside the vocabulary of %d words and are scored as <UNK>, which is "
             "easier to predict: the perplexity is not that of the text (is the vocabulary the text's?)",
-            corpus.name, 100 * rate, len(ids), len(vocab),
+            corpus.name, 100 * rate, len(tokenized.ids), len(vocab),
         )  # fmt: skip
     return rate
 

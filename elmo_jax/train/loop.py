@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import jax
 import ml_collections
-import numpy as np
 
 from elmo_jax import experiment, stop_signals
 from elmo_jax.checkpoint import Checkpoints
@@ -51,8 +50,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     try:
         return _train(config, run_start, preemption)
     except BaseException as error:
-        removed = run_start.failed()
-        undone = f"; removed what it wrote in {run_start.run} ({', '.join(removed)})" if removed else ""
+        removed = run_start.failed()  # before the first step: the workdir put back
+        undone = f"; {run_start.run} is as it was (undone: {', '.join(removed)})" if removed else ""
         if isinstance(error, Stopped) and not run_start.over:
             log.info("stopped during start-up (%s): nothing was run%s", error.name, undone)
             return {}
@@ -65,22 +64,22 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
 
 
 class _RunStart:
-    """A run's start: its workdir made and locked (process 0) and, until its first step has run,
-    what it writes there undone if it fails."""
+    """A run's start: its workdir made and locked (process 0) and, until its first step's numbers
+    have been read, what it writes there undone if it fails."""
 
     def __init__(self, run: Workdir):
         self.run = run
         self._made = run.create()
         self._before = run.written()
         self._lock = RunLock(run) if jax.process_index() == 0 else None
-        self.over = False  # the first step has run
+        self.over = False  # the first step has run (its numbers read)
 
     def failed(self) -> list[str]:
-        """Releases the lock; before the first step, removes what the start wrote (their names)."""
+        """Before the first step has run, puts the workdir back as it was (the lock still held:
+        no other run can start in between); then releases the lock. Returns what it undid."""
+        undone = [] if self.over or jax.process_index() != 0 else self.run.undo_start(self._before, self._made)
         self.release()
-        if self.over or jax.process_index() != 0:
-            return []
-        return self.run.undo_start(self._before, self._made)
+        return undone
 
     def release(self) -> None:
         if self._lock is not None:
@@ -119,10 +118,10 @@ def _open_data(
     train_corpus = open_corpus(config.data.train, "train")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab, vocab_source = workdir.training_vocab(config, train_corpus)
-    ids = train_corpus.tokenized(vocab).ids  # kept for the batcher; counts the sentences without another pass
+    tokenized = train_corpus.tokenized(vocab)  # kept for the batcher; counts the sentences without another pass
     if len(train_corpus) == 0:
         raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
-    outside = np.count_nonzero(ids >= len(vocab)) / len(ids)
+    outside = tokenized.oov_rate()
     if outside > HIGH_OOV:
         log.warning("%s: %.1f%% of its words are outside the vocabulary of %d words: they are trained as <UNK> "
                     "(is the vocabulary the text's?)", train_corpus.name, 100 * outside, len(vocab))  # fmt: skip
@@ -230,6 +229,7 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
 
     def record(step: int, metrics: dict[str, jax.Array]) -> None:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        run_start.over = True
         divergence.metrics(step, values)
         window.add(values)
 
@@ -244,7 +244,6 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
                     with window.leave_out(only_if_compiled=True):  # a new shape of word table compiles
                         state, metrics = step_fn(state, batch)
                     window.dispatched(metrics["loss"])
-                    run_start.over = True
                     # Read the previous step's numbers while this one runs.
                     if pending is not None:
                         record(*pending)

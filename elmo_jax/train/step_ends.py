@@ -30,7 +30,10 @@ class StepEnds:
     def _watch(self) -> None:
         while (item := self._outputs.get()) is not None:
             number, output = item
-            jax.block_until_ready(output)
+            try:
+                jax.block_until_ready(output)
+            except Exception:  # a step that failed ended too; the loop reports its error
+                pass
             with self._ended:
                 self._end[number] = time.monotonic()
                 self._ended.notify_all()
