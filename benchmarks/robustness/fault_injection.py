@@ -142,7 +142,8 @@ def main() -> None:
                 detail = damage(workdir, rng)
             else:  # disk_full: the workdir on a tmpfs a little larger than what it holds now
                 workdir.mkdir(parents=True, exist_ok=True)
-                held = sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file())
+                # What it holds on a tmpfs: every file in whole pages, every folder a page.
+                held = sum(-(-p.stat().st_size // 4096) * 4096 if p.is_file() else 4096 for p in workdir.rglob("*"))
                 size_kb = (held + rng.randint(300_000, 1_500_000)) // 1024
                 saved = base / "saved"
                 if any(workdir.iterdir()):
