@@ -30,7 +30,7 @@ from elmo_jax.hub import fetch_hub, is_hub
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import init_params
-from elmo_jax.outputs import replacing
+from elmo_jax.outputs import Folder, replacing
 from elmo_jax.published import PUBLISHED, fetch, is_published
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.workdir import Workdir
@@ -138,9 +138,12 @@ def _load_workdir(workdir: Workdir) -> Model:
     return Model(run.model_config, run.params, run.vocab, options)
 
 
-# What `import` and `export` write in their output folder (the only names `--overwrite` replaces).
-IMPORTED = ("options.json", "params_meta.json", "params", "vocab.txt")
-EXPORTED = ("options.json", "weights.hdf5", "vocab.txt")
+# What `import` and `export` write in their output folder, and what each output of them holds
+# (`--overwrite` replaces only such a folder).
+IMPORTED = Folder(
+    ("options.json", "params_meta.json", "params", "vocab.txt"), ("options.json", "params_meta.json", "params")
+)
+EXPORTED = Folder(("options.json", "weights.hdf5", "vocab.txt"), ("options.json", "weights.hdf5"))
 
 
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> list[str]:

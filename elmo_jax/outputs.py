@@ -15,12 +15,13 @@ removed, and an old folder whose target is missing (a kill between the two renam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from elmo_jax import stop_signals
@@ -28,6 +29,15 @@ from elmo_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
+
+
+@dataclasses.dataclass(frozen=True)
+class Folder:
+    """A folder output: the names the command writes in it, and those every output of it holds,
+    by which a folder is recognised as an earlier one."""
+
+    names: tuple[str, ...]
+    always: tuple[str, ...]
 
 
 def _contains(outer: Path, inner: Path) -> bool:
@@ -38,14 +48,13 @@ def check_output(
     target: str | Path,
     overwrite: bool = False,
     inputs: tuple = (),
-    folder: Iterable[str] | None = None,
+    folder: Folder | None = None,
     name: str = "output",
 ) -> Path:
     """The target as an absolute path, after refusing an input as output, a folder where the
-    output is a file (or a file where it is a folder: `folder` holds the names the command
-    writes in it), unless `overwrite` an existing target, and a folder that holds anything but
-    the command's own names or holds the working directory (errors name `output`, the command
-    line's flag; or `name`)."""
+    output is a file (or a file where it is a `folder`), unless `overwrite` an existing target,
+    and a folder that is not empty nor an earlier output of the command, or holds the working
+    directory (errors name `output`, the command line's flag; or `name`)."""
     target = Path(target).absolute()
     resolved = target.resolve()
     for given in inputs:
@@ -55,7 +64,7 @@ def check_output(
         kind = ("a folder", "a file") if folder is not None else ("a file", "a folder")
         raise UserError(f"{name}={target} is {kind[1]}; the output is {kind[0]}: choose another", (name,))
     if folder is not None and target.is_dir():
-        _check_folder(target, resolved, set(folder), overwrite, name)
+        _check_folder(target, resolved, folder, overwrite, name)
     elif target.exists() and not overwrite:
         raise UserError(
             f"{name}={target} already exists: overwrite=True replaces it, or choose another", (name, "overwrite")
@@ -66,17 +75,24 @@ def check_output(
     return target
 
 
-def _check_folder(target: Path, resolved: Path, names: set[str], overwrite: bool, name: str) -> None:
+def _check_folder(target: Path, resolved: Path, folder: Folder, overwrite: bool, name: str) -> None:
     """An existing folder as the output: empty, or an earlier output (with `overwrite`)."""
     if _contains(resolved, Path.cwd().resolve()):
         raise UserError(f"{name}={target} is (or holds) the working directory: choose a folder inside it", (name,))
     held = sorted(p.name for p in target.iterdir())
-    others = [entry for entry in held if entry not in names]
+    others = [entry for entry in held if entry not in folder.names]
     if others:
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
         raise UserError(
             f"{name}={target} holds what this command does not write ({shown}): it replaces only a folder of its "
-            f"own outputs ({', '.join(sorted(names))}); choose another (a new or empty folder)",
+            f"own outputs ({', '.join(sorted(folder.names))}); choose another (a new or empty folder)",
+            (name,),
+        )
+    missing = [entry for entry in folder.always if entry not in held]
+    if held and missing:
+        raise UserError(
+            f"{name}={target} holds {', '.join(held)}, which is not an earlier output of this command (that holds "
+            f"{', '.join(folder.always)}): yours are not replaced; choose another (a new or empty folder)",
             (name,),
         )
     if held and not overwrite:
@@ -90,12 +106,12 @@ def replacing(
     target: str | Path,
     overwrite: bool = False,
     inputs: tuple = (),
-    folder: Iterable[str] | None = None,
+    folder: Folder | None = None,
     name: str = "output",
 ) -> Iterator[Path]:
-    """Yields a temporary path beside `target` to write the whole output to (a file, or a folder
-    holding only the names in `folder`), in its folder, made if missing; on success it replaces
-    `target`, on any error it is removed (and the folders made for it)."""
+    """Yields a temporary path beside `target` to write the whole output to (a file, or a
+    `folder`), in its folder, made if missing; on success it replaces `target`, on any error it
+    is removed (and the folders made for it)."""
     clear_leftovers(Path(target).absolute())
     target = check_output(target, overwrite, inputs, folder, name)
     made = make_folders(target.parent)

@@ -22,7 +22,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.errors import UserError
 from elmo_jax.interop.bilm_hdf5 import save_weights
 from elmo_jax.model.bilm import init_params
-from elmo_jax.outputs import HOST, replacing
+from elmo_jax.outputs import HOST, Folder, replacing
 from elmo_jax.strict_json import dumps
 
 
@@ -50,7 +50,7 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "stale.txt").write_text("from another model")
-    with replacing(folder, overwrite=True, folder=["stale.txt", "fresh.txt"]) as tmp:
+    with replacing(folder, overwrite=True, folder=Folder(("stale.txt", "fresh.txt"), ("stale.txt",))) as tmp:
         tmp.mkdir()
         (tmp / "fresh.txt").write_text("x")
     assert [p.name for p in folder.iterdir()] == ["fresh.txt"]  # an earlier output, replaced whole
@@ -58,7 +58,7 @@ def test_replacing_refuses_existing_targets_and_inputs_and_keeps_the_old_on_erro
 
 def test_a_folder_output_replaces_only_an_earlier_output_and_never_the_working_directory(tmp_path, monkeypatch):
     """`export --output=. --overwrite` in a folder of one's own work deleted all of it."""
-    ours = ["options.json", "weights.hdf5"]
+    ours = Folder(("options.json", "weights.hdf5", "vocab.txt"), ("options.json", "weights.hdf5"))
     mine = tmp_path / "mine"
     (mine / "proj").mkdir(parents=True)
     (mine / "notes.txt").write_text("my work")
@@ -78,6 +78,13 @@ def test_a_folder_output_replaces_only_an_earlier_output_and_never_the_working_d
         tmp.mkdir()
         (tmp / "options.json").write_text("{}")
     assert [p.name for p in empty.iterdir()] == ["options.json"]
+    lookalike = tmp_path / "lookalike"  # only names an output may hold, but not an output: its own vocab.txt
+    lookalike.mkdir()
+    (lookalike / "vocab.txt").write_text("my words")
+    with pytest.raises(UserError, match=r"holds vocab.txt, which is not an earlier output of this command"):
+        with replacing(lookalike, overwrite=True, folder=ours):
+            pytest.fail("refused before any work")
+    assert (lookalike / "vocab.txt").read_text() == "my words"
 
 
 @pytest.mark.launches
@@ -243,13 +250,14 @@ def test_kill_9_during_embed_and_export_leaves_the_old_output_or_the_whole_new_o
     assert run_cli(["import", *model, f"--output={imported}"]).returncode == 0
     again = run_cli(["import", *model, f"--output={imported}"])
     assert_one_line_error(again, 2, "already exists", "--overwrite")
-    exported = tmp_path / "exported"
+    exported = tmp_path / "exported"  # an earlier export, of a model with a vocabulary
     exported.mkdir()
-    (exported / "vocab.txt").write_text("a stale vocabulary\n")
+    for name in ("options.json", "weights.hdf5", "vocab.txt"):
+        (exported / name).write_text(f"the earlier {name}\n")
     for seed in range(3):
         _kill_while_writing(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"], exported, seed)
         names = sorted(p.name for p in exported.iterdir())
-        assert names in (["vocab.txt"], ["options.json", "weights.hdf5"]), names
+        assert names in (["options.json", "vocab.txt", "weights.hdf5"], ["options.json", "weights.hdf5"]), names
     result = run_cli(["export", f"--workdir={imported}", f"--output={exported}", "--overwrite"])
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in exported.iterdir()) == ["options.json", "weights.hdf5"]  # no stale vocab.txt
@@ -287,7 +295,7 @@ def test_what_ended_processes_left_beside_an_output_is_cleared_by_the_next_write
     (tmp_path / f".model.tmp-{HOST}-{alive}").write_text("being written by a live process")
     (tmp_path / f".model.tmp-otherhost-{dead}").write_text("another host's: its process is unknown here")
     with pytest.raises(UserError, match="already exists"):  # put back, so refused without --overwrite
-        with replacing(target, folder=["weights.hdf5"]):
+        with replacing(target, folder=Folder(("weights.hdf5",), ("weights.hdf5",))):
             pass
     assert (target / "weights.hdf5").read_text() == "the old output"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(

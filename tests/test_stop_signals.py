@@ -95,7 +95,9 @@ def test_a_signal_between_a_folders_two_renames_leaves_the_new_output_whole_and_
 
     monkeypatch.setattr(outputs.os, "rename", rename_then_signal)
     with pytest.raises(stop_signals.Stopped):
-        with outputs.replacing(target, overwrite=True, folder=["weights.hdf5"]) as tmp:
+        with outputs.replacing(
+            target, overwrite=True, folder=outputs.Folder(("weights.hdf5",), ("weights.hdf5",))
+        ) as tmp:
             tmp.mkdir()
             (tmp / "weights.hdf5").write_text("new")
     assert (target / "weights.hdf5").read_text() == "new"

@@ -282,6 +282,29 @@ def test_a_vocabulary_made_from_other_data_is_made_again_or_refused(tmp_path, te
     )
 
 
+def test_a_stop_signal_after_the_last_step_is_said(tmp_path, text_data, caplog, monkeypatch):
+    """One that came after the last step's check ended the run with exit 0 and not a word: no
+    final evaluation, no result, no curves."""
+    import os
+    import signal
+
+    from elmo_jax.train.preemption import Preemption
+
+    caplog.set_level("INFO")
+    real = Preemption.reached
+
+    def signalled_after(self, step):
+        reached = real(self, step)
+        if step == 3:  # the last step, checked: the signal comes just after
+            os.kill(os.getpid(), signal.SIGINT)
+        return reached
+
+    monkeypatch.setattr(Preemption, "reached", signalled_after)
+    assert train(tiny_config(text_data, max_steps=3), tmp_path) == {}
+    assert "stopped (SIGINT) after the last step: every step is saved; `elmo-jax eval` evaluates it" in caplog.text
+    assert 3 in [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+
+
 @pytest.mark.slow
 def test_periodic_evaluations_make_their_word_table_once(tmp_path, text_data, monkeypatch):
     """Every periodic evaluation made its held-out sentences anew, and with them the word table
@@ -358,6 +381,9 @@ def test_sigkill_then_restart_finishes_like_an_uninterrupted_run(tmp_path, text_
     assert again.returncode == 0, again.stderr
     assert "resumed from the checkpoint" in again.stdout
     assert json.loads(again.stdout.strip().splitlines()[-1]) == want
+    records = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) == list(range(1, 401))  # the steps run again recorded once (were twice)
 
     evaluated = run_cli(["eval", f"--workdir={killed}"])
     assert evaluated.returncode == 0, evaluated.stderr

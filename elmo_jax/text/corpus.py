@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from elmo_jax import stop_signals
 from elmo_jax.text.chars import MAX_CHARS
 from elmo_jax.text.tokenized import Tokenized, tokenize_sentences
 from elmo_jax.text.vocab import Vocabulary
@@ -71,7 +72,10 @@ class InMemory:
         def __getitem__(self, i: Any) -> Any: ...
 
     def stream(self) -> Iterator[list[str]]:
-        return (self[i] for i in range(len(self)))
+        for i in range(len(self)):
+            if i % 4096 == 0:  # a long pass (counting the words of 200,000 demo sentences) stops in between
+                stop_signals.check()
+            yield self[i]
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()

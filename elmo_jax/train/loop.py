@@ -221,7 +221,7 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
         return evaluate(params, corpus, vocab, model_config, t.eval_batch_size, t.unroll_steps, parallel=parallel)
 
     step_fn = make_train_step(model_config, hp, parallel, shardings)
-    writer = MetricWriter(workdir)
+    writer = MetricWriter(workdir, start)
     window = TrainWindow(writer, total_steps, "sampled" if hp.sample_softmax else "full")
     divergence = DivergenceCheck(checkpoints, hp, t.divergence_factor)
     bar = ProgressBar(total_steps, done=start)
@@ -234,7 +234,7 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
         window.add(values)
 
     pending = None  # (step, device metrics) not yet read
-    step = start
+    step, stopped = start, False
     try:  # the event file is closed even when training raises (an atexit close fails on Python 3.12)
         try:
             with preemption.steps():
@@ -279,7 +279,10 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
             checkpoints.wait()
             checkpoints.close()
         result = {}
-        if heldout is not None and not preemption.requested:
+        if preemption.requested and not stopped:  # it came after the last step's check: all saved
+            log.info("stopped (%s) after the last step: every step is saved; `elmo-jax eval` evaluates it",
+                     preemption.requested)  # fmt: skip
+        elif heldout is not None and not stopped:
             try:
                 result = evaluate_heldout(state.params, heldout)
                 log_eval(step, result, writer)
@@ -291,8 +294,9 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
                 )
     finally:
         writer.close()
-    if jax.process_index() == 0 and not preemption.requested:  # a stopped run exits at once
-        plot_after_training(workdir)
+    if jax.process_index() == 0 and (result or not preemption.requested):  # a stopped run exits at once
+        with stop_signals.deferred():  # a signal now comes once the work is done: the curves still drawn
+            plot_after_training(workdir)
     return result
 
 

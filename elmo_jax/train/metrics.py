@@ -5,16 +5,19 @@ TensorFlow needed). Only process 0 writes files."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 import jax
 
 from elmo_jax import strict_json
 from elmo_jax.compile_time import CompileClock
+from elmo_jax.outputs import write_text
 from elmo_jax.progress import format_duration
 from elmo_jax.torn_records import cut_torn_lines, cut_torn_records
 from elmo_jax.train.evaluate import safe_exp
@@ -25,17 +28,21 @@ log = logging.getLogger(__name__)
 
 
 class MetricWriter:
-    def __init__(self, workdir: Workdir):
+    def __init__(self, workdir: Workdir, start: int = 0):
+        """A run (re)starting after step `start`: what a killed run recorded of the steps after
+        its last checkpoint, which this run computes again, is left out (metrics.jsonl's records
+        cut, TensorBoard's purged), so that no step is recorded twice."""
         self.jsonl: TextIO | None = None
         self.tensorboard: Any = None  # tensorboardX's SummaryWriter on the writing process
         if jax.process_index() == 0:  # the writing process
             from tensorboardX import SummaryWriter
 
             cut_torn_lines(workdir.metrics_jsonl)  # a crash's half-written record is not written onto
+            _cut_after(workdir.metrics_jsonl, start)
             for events in sorted(workdir.tensorboard.glob("events.out.tfevents.*")):
                 cut_torn_records(events)
             self.jsonl = open(workdir.metrics_jsonl, "a")
-            self.tensorboard = SummaryWriter(str(workdir.tensorboard))
+            self.tensorboard = SummaryWriter(str(workdir.tensorboard), purge_step=start + 1)
 
     def write(self, step: int, kind: str, values: dict[str, float]) -> None:
         """One record: `kind` is "train" or "eval"; values are plain floats (non-finite ones are
@@ -53,6 +60,18 @@ class MetricWriter:
         if self.jsonl is not None and self.tensorboard is not None:
             self.jsonl.close()
             self.tensorboard.close()
+
+
+def _cut_after(path: Path, step: int) -> None:
+    """Leaves out of the JSON lines at `path` the records of steps after `step` (rewritten
+    atomically, where there are such)."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) < len(lines):
+        log.info("%s: left out %d record(s) of the steps after %d, run again now", path, len(lines) - len(kept), step)
+        write_text(path, "".join(kept))
 
 
 class TrainWindow:
