@@ -105,7 +105,7 @@ text=(--shards=100 --tokens=20000000 --vocab=793471)
 train=(--config=elmo_original --config.train.per_device_batch_size=512 --config.train.max_steps=300
   --config.train.log_every=50)
 if [ "$cpu" = 1 ]; then
-  text=(--shards=3 --tokens=30000 --vocab=3000)
+  text=(--shards=3 --tokens=30000 --vocab=3000 --shapes=1x4,2x4)
   train=(--config=demo --config.train.per_device_batch_size=4 --config.train.max_steps=3 --config.train.log_every=1)
 fi
 timeout 300 env JAX_PLATFORMS=cpu $python -m benchmarks.speed.host_path "${text[@]}" --batches=60 2>&1 \
