@@ -63,9 +63,10 @@ def check_output(
     if target.exists() and target.is_dir() != (folder is not None):
         kind = ("a folder", "a file") if folder is not None else ("a file", "a folder")
         raise UserError(f"{name}={target} is {kind[1]}; the output is {kind[0]}: choose another", (name,))
+    occupied = target.exists()
     if folder is not None and target.is_dir():
-        _check_folder(target, resolved, folder, overwrite, name)
-    elif target.exists() and not overwrite:
+        occupied = _earlier_output(target, resolved, folder, name)
+    if occupied and not overwrite:
         raise UserError(
             f"{name}={target} already exists: overwrite=True replaces it, or choose another", (name, "overwrite")
         )
@@ -75,8 +76,9 @@ def check_output(
     return target
 
 
-def _check_folder(target: Path, resolved: Path, folder: Folder, overwrite: bool, name: str) -> None:
-    """An existing folder as the output: empty, or an earlier output (with `overwrite`)."""
+def _earlier_output(target: Path, resolved: Path, folder: Folder, name: str) -> bool:
+    """An existing folder as the output is empty (False) or an earlier output (True); anything
+    else, or the working directory, is refused."""
     if _contains(resolved, Path.cwd().resolve()):
         raise UserError(f"{name}={target} is (or holds) the working directory: choose a folder inside it", (name,))
     held = sorted(p.name for p in target.iterdir())
@@ -95,10 +97,7 @@ def _check_folder(target: Path, resolved: Path, folder: Folder, overwrite: bool,
             f"{', '.join(folder.always)}): yours are not replaced; choose another (a new or empty folder)",
             (name,),
         )
-    if held and not overwrite:
-        raise UserError(
-            f"{name}={target} already exists: overwrite=True replaces it, or choose another", (name, "overwrite")
-        )
+    return bool(held)
 
 
 @contextlib.contextmanager

@@ -356,8 +356,8 @@ def test_an_archive_is_read_and_tokenized_one_member_at_a_time(tmp_path, monkeyp
             tar.addfile(info, io.BytesIO(data))
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "the", "cat", "sat", "words"])
     events = []
-    read, tokenize = shards._non_empty, token_cache.tokenize_lines
-    monkeypatch.setattr(shards, "_non_empty", lambda f: events.append("read") or read(f))
+    read, tokenize = shards._lines_of, token_cache.tokenize_lines
+    monkeypatch.setattr(shards, "_lines_of", lambda f: events.append("read") or read(f))
     monkeypatch.setattr(
         token_cache, "tokenize_lines", lambda lines, ids: events.append("tokenize") or tokenize(lines, ids)
     )

@@ -4,7 +4,7 @@ by the file's state on disk, so that a later start reads none of its bytes.
 A file's state is its device, inode, size, and modification and change times in nanoseconds:
 writing the file changes the change time, which no program can set back, so a changed file is
 never taken for the one a fact was computed from. The facts live beside the token cache
-(`FOLDER` in `token_cache.cache_root()`), one small JSON file per file path, written under a
+(`FOLDER` in `token_store.cache_root()`), one small JSON file per file path, written under a
 temporary name and renamed; without a cache folder they are remembered for the process only.
 """
 

@@ -31,7 +31,7 @@ from elmo_jax.text import file_facts
 from elmo_jax.text.chars import MAX_CHARS
 from elmo_jax.text.corpus import shuffle_rng
 from elmo_jax.text.token_cache import tokenize
-from elmo_jax.text.token_store import cache_root, identity, lines_sha256
+from elmo_jax.text.token_store import cache_root, identity, lines_sha256, non_empty
 from elmo_jax.text.tokenized import Tokenized, join
 from elmo_jax.text.vocab import Vocabulary
 
@@ -61,6 +61,13 @@ def warn_invalid_utf8(name: str, numbers: list[int], what: str = "lines") -> Non
         )
 
 
+def _lines_of(f: IO[bytes] | None) -> list[bytes]:
+    """A file's (or an archive member's) non-empty lines, cut as token_store.non_empty cuts a
+    file's bytes: the same text is the same lines, whichever holds it (their cache identity is
+    the same)."""
+    return non_empty(f.read()) if f is not None else []
+
+
 def _invalid_utf8(lines: list[bytes]) -> list[int]:
     bad = []
     for number, line in enumerate(lines, start=1):
@@ -69,11 +76,6 @@ def _invalid_utf8(lines: list[bytes]) -> list[int]:
         except UnicodeDecodeError:
             bad.append(number)
     return bad
-
-
-def _non_empty(f: Iterable[bytes] | None) -> list[bytes]:
-    """A file's non-empty lines, without their newlines (as token_store.non_empty cuts them)."""
-    return [line[:-1] if line.endswith(b"\n") else line for line in f or () if line.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +104,10 @@ class Shard:
         """The shard's non-empty lines, as bytes."""
         if self.member is None:
             with open(self.path, "rb") as f:
-                return _non_empty(f)
+                return _lines_of(f)
         for name, member in iter_archive(self.path):
             if name == self.member:
-                return _non_empty(member)
+                return _lines_of(member)
         raise MissingFile(f"{self.path}: no member {self.member}")
 
 
@@ -226,7 +228,7 @@ class ShardedCorpus:
             return
         for name, member in iter_archive(first.path):
             if name in index:
-                yield index.pop(name), _non_empty(member)
+                yield index.pop(name), _lines_of(member)
                 if not index:
                     return
         raise MissingFile(f"{first.path}: no member {', '.join(map(str, index))} (the archive changed?)")

@@ -5,11 +5,12 @@ The cache is a folder (`ELMO_JAX_TOKEN_CACHE`, default `$XDG_CACHE_HOME/elmo_jax
 keeps nothing on disk) of one `.npz` file per shard, named by a hash of the shard's identity and
 of the vocabulary: a shard or a vocabulary that changed gets a new name, so stale ids are never
 read. A shard's identity (`Shard.identity` in shards.py) says what it is without ambiguity: its
-kind, then each part prefixed by its length (a file: the SHA-256 of its bytes; a member of an
-archive: the archive's SHA-256 and the member's name; records: the SHA-256 of their lines, each
+kind, then each part prefixed by its length (a file or an archive's member: the SHA-256 of its
+bytes, so a folder and its .tar.gz share the cache; records: the SHA-256 of their lines, each
 prefixed by its length), so two different shards never share a name; `FORMAT` is part of every
-name, so files of an earlier format are never misread. A file's SHA-256 is remembered by its
-state on disk (file_facts.py): a start with the cache filled reads no text at all.
+name, so files of an earlier format are never misread. A file's SHA-256, and an archive's
+members' (file_facts.py), are remembered by the file's state on disk: a start with the cache
+filled reads no text from files or archives (records are read to know what they are).
 
 A cache file is written under a temporary name and renamed, so a reader sees it whole or not at
 all, and two processes filling the cache at once each write the same file; one that does not

@@ -14,7 +14,8 @@ from elmo_jax import stop_signals
 
 class Preemption:
     """SIGTERM and SIGINT, seen by every process at the same step. Outside the steps (start-up,
-    the final evaluation) a signal raises `stop_signals.Stopped`. During them (`steps`), with
+    the final evaluation) a signal stops the run at the code's next check, as
+    `stop_signals.Stopped`. During them (`steps`), with
     one process, it is recorded and the loop stops at the next step with a checkpoint (a second
     SIGINT quits at once); with several, JAX's preemption sync point (installed by
     jax.distributed.initialize in place of our SIGTERM handler) makes all of them stop at the
