@@ -3,6 +3,11 @@ bfloat16 operands run on the accelerators' fast units; everything around them st
 
 XLA on CPU has no bfloat16 x bfloat16 -> float32 dot: there the product is computed in
 bfloat16 (XLA accumulates it in float32 internally) and rounded to bfloat16 before widening.
+
+Every rounding to the compute dtype is a `narrow` and every widening of a rounded value a
+`widened`: XLA may otherwise skip a rounding it sees undone (a convert to bfloat16 and back,
+under its default --xla_allow_excess_precision: jaxlib 0.10's CPU compiler skips them, 0.12's
+does not), so that what a program computes would depend on the compiler's version.
 """
 
 from __future__ import annotations
@@ -13,6 +18,23 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.model.backend import backend
+
+
+def narrow(x: jax.Array, dtype) -> jax.Array:
+    """x in `dtype`, rounded by an op that XLA keeps (reduce_precision) where `dtype` is narrower."""
+    dtype = jnp.dtype(dtype)
+    if x.dtype == dtype or jnp.finfo(dtype).bits >= jnp.finfo(x.dtype).bits:
+        return x.astype(dtype)
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant).astype(dtype)
+
+
+def widened(x: jax.Array) -> jax.Array:
+    """x (any float dtype) as float32, still rounded to x's dtype (see `narrow`)."""
+    if x.dtype == jnp.float32:
+        return x
+    info = jnp.finfo(x.dtype)
+    return jax.lax.reduce_precision(x.astype(jnp.float32), exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 def result_type(dtype: str):
@@ -29,15 +51,13 @@ def einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str = "float32", rounde
     """The product in `dtype`, float32 out. `rounded`: its result rounded to `dtype` first, as
     XLA on CPU always rounds it (half the bytes written and read where the result is large)."""
     if rounded:
-        return rounded_einsum(spec, x, w, dtype).astype(jnp.float32)
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(
-        jnp.float32
-    )
+        return widened(rounded_einsum(spec, x, w, dtype))
+    return widened(jnp.einsum(spec, narrow(x, dtype), narrow(w, dtype), preferred_element_type=result_type(dtype)))
 
 
 def rounded_einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str) -> jax.Array:
     """The product in `dtype` (float32 accumulation), its result in `dtype`."""
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=dtype)
+    return jnp.einsum(spec, narrow(x, dtype), narrow(w, dtype), preferred_element_type=dtype)
 
 
 def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
@@ -49,7 +69,7 @@ def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
 
 
 def _product(x: jax.Array, w: jax.Array, dtype: str) -> jax.Array:
-    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=result_type(dtype)).astype(jnp.float32)
+    return widened(jnp.matmul(narrow(x, dtype), narrow(w, dtype), preferred_element_type=result_type(dtype)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -63,16 +83,16 @@ def _narrow_matmul(x: jax.Array, w: jax.Array, dtype: str, x_dtype: str, w_dtype
 
 
 def _narrow_matmul_forward(x, w, dtype, x_dtype, w_dtype):
-    return _product(x, w, dtype), (x.astype(dtype), w.astype(dtype))
+    return _product(x, w, dtype), (narrow(x, dtype), narrow(w, dtype))
 
 
 def _narrow_matmul_backward(dtype, x_dtype, w_dtype, residuals, g):
     x, w = residuals
-    g = g.astype(dtype)
+    g = narrow(g, dtype)
     dx = jnp.matmul(g, w.T, preferred_element_type=result_type(dtype))
     batch = tuple(range(x.ndim - 1))
     dw = jnp.tensordot(x, g, axes=(batch, batch), preferred_element_type=result_type(dtype))
-    return dx.astype(x_dtype), dw.astype(w_dtype)
+    return widened(dx).astype(x_dtype), widened(dw).astype(w_dtype)
 
 
 _narrow_matmul.defvjp(_narrow_matmul_forward, _narrow_matmul_backward)

@@ -30,7 +30,7 @@ from elmo_jax.model.cell_math import (
     gate_constants,
 )
 from elmo_jax.model.dropout import apply_dropout
-from elmo_jax.model.matmul import einsum, rounded_einsum, rounds_results
+from elmo_jax.model.matmul import einsum, narrow, rounded_einsum, rounds_results, widened
 
 
 class Clips(NamedTuple):
@@ -269,9 +269,9 @@ def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, 
         # there once, and the cell uses the values the backward pass reads (with bfloat16
         # matmuls, rounded: the training forward differs from inference's by that rounding).
         slots = slots._replace(
-            acts=_put_slot(slots.acts, s, activation(z, slope, offset, shift).astype(slots.acts.dtype))
+            acts=_put_slot(slots.acts, s, narrow(activation(z, slope, offset, shift), slots.acts.dtype))
         )
-        acts = _at_slot(slots.acts, s).astype(jnp.float32)
+        acts = widened(_at_slot(slots.acts, s))
         m = wave.mask_LBS[:, None, :, s, None]
         h, c, out = _cell(acts, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
         slots = slots._replace(h=_put_slot(slots.h, s, h), c=_put_slot(slots.c, s, c))
@@ -313,7 +313,7 @@ def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: 
         return h, rows, _Slots(h_slots, acts, cells, outs, a_slots)
 
     inputs = jnp.concatenate([wave.x_DBSP[None, :, :, 0], jnp.zeros_like(h_LDBP[1:])])  # slot 0: nothing from below
-    rows = jnp.concatenate([inputs, h_LDBP], axis=-1).astype(st.dtype)
+    rows = narrow(jnp.concatenate([inputs, h_LDBP], axis=-1), st.dtype)
     h, _, slots = jax.lax.fori_loop(0, wave.mask_LBS.shape[2], step, (h_LDBP, rows, slots), unroll=st.unroll)
     return h, slots.c[:, :, :, -1], slots  # the cell each layer kept last (not carried: read from its slot)
 
@@ -421,7 +421,7 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         # this step's, computed by the step before (in the pass that computes d_h), in the
         # compute dtype that its matmul and its save slot take.
         d_h, d_c, d_above, d_h_raw, slots = carry
-        acts = _at_slot(saved.acts_LDBSG, s).astype(jnp.float32)
+        acts = widened(_at_slot(saved.acts_LDBSG, s))
         c_new = _at_slot(saved.c_LDBSC, s)
         c_prev = jnp.where(s == 0, saved.c0, _at_slot(saved.c_LDBSC, jnp.maximum(s - 1, 0)))
         m = saved.mask_LBS[:, None, :, s, None]
@@ -429,8 +429,8 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         d_acts, d_c_prev = cell_gradients(jnp.split(acts, 4, axis=-1), c_new, c_prev, d_a, d_c, m, st.clips.cell)
         d_gates = activation_gradient(jnp.concatenate(d_acts, axis=-1), acts, slope, shift)
         slots = slots._replace(
-            d_gates=_put_slot(slots.d_gates, s, d_gates.astype(slots.d_gates.dtype)),
-            d_h_raw=_put_slot(slots.d_h_raw, s, d_h_raw.astype(slots.d_h_raw.dtype)),
+            d_gates=_put_slot(slots.d_gates, s, narrow(d_gates, slots.d_gates.dtype)),
+            d_h_raw=_put_slot(slots.d_h_raw, s, narrow(d_h_raw, slots.d_h_raw.dtype)),
         )
         if L == 1:  # the input gradient is one matmul after the loop
             d_h_prev = einsum("ldbg,ldpg->ldbp", d_gates, saved.W_loop, st.dtype) + jnp.where(m, 0.0, d_h)
@@ -443,13 +443,13 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
             if saved.keep_UDBSP is not None:
                 d_upper = apply_dropout(_at_slot(saved.keep_UDBSP, s), d_upper, st.dropout)
             d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
-            slots = slots._replace(d_in=_put_slot(slots.d_in, s, d_in[:1].astype(slots.d_in.dtype)))
+            slots = slots._replace(d_in=_put_slot(slots.d_in, s, narrow(d_in[:1], slots.d_in.dtype)))
         # Slot s - 1's d_h_raw (unused after slot 0)
         d_h_raw = _output_gradients(saved, d_out_LDBSP, jnp.maximum(s - 1, 0), d_h_prev, d_above, st)[1]
-        return d_h_prev, d_c_prev, d_above, d_h_raw.astype(st.dtype), slots
+        return d_h_prev, d_c_prev, d_above, narrow(d_h_raw, st.dtype), slots
 
     d_above = jnp.zeros_like(d_h) if L > 1 else None
-    d_h_raw = _output_gradients(saved, d_out_LDBSP, S - 1, d_h, d_above, st)[1].astype(st.dtype)
+    d_h_raw = narrow(_output_gradients(saved, d_out_LDBSP, S - 1, d_h, d_above, st)[1], st.dtype)
     d_h0, d_c0, _, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_above, d_h_raw, slots), unroll=st.unroll)
     return d_h0, d_c0, slots
 
@@ -480,7 +480,7 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         )  # fmt: skip
         return d_h, d_c, d_h_raw, _GradientSlots(d_gate_slots, d_h_raws, d_ins)
 
-    d_h_raw = _output_gradients(saved, d_out_LDBSP, S - 1, d_h, jnp.zeros_like(d_h), st)[1].astype(st.dtype)
+    d_h_raw = narrow(_output_gradients(saved, d_out_LDBSP, S - 1, d_h, jnp.zeros_like(d_h), st)[1], st.dtype)
     d_h0, d_c0, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_h_raw, slots), unroll=st.unroll)
     return d_h0, d_c0, slots
 
@@ -519,7 +519,7 @@ def _weight_gradients(saved: _Saved, slots: _GradientSlots, st: Stack):
     h_prev_LDBSP = jnp.concatenate([saved.h0[:, :, :, None], saved.h_LDBSP[:, :, :, :-1]], axis=3)
     a_LDBSC = saved.a_LDBSC
     if a_LDBSC is None:  # the projection's operand, unless the forward's kernel saved it
-        a_LDBSC = jnp.split(saved.acts_LDBSG, 4, axis=-1)[3].astype(jnp.float32) * jnp.tanh(saved.c_LDBSC)
+        a_LDBSC = widened(jnp.split(saved.acts_LDBSG, 4, axis=-1)[3]) * jnp.tanh(saved.c_LDBSC)
     rows_LDBSK = jnp.concatenate([saved.in_LDBSP, h_prev_LDBSP, jnp.ones_like(h_prev_LDBSP[..., :1])], axis=-1)
     d_W_0_b = einsum("ldbsk,ldbsg->ldkg", rows_LDBSK, slots.d_gates, st.dtype)
     d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", slots.d_h_raw, a_LDBSC, st.dtype), 2, 3)
