@@ -1,11 +1,14 @@
 """Shared test set-up: JAX on CPU with 8 devices (to test sharding; code that should use one
 sets config.train.devices = 1) compiled without LLVM's optimizations, full float32 matmuls, a
 persistent compile cache, freed host memory kept in the process (elmo_jax/host_memory.py, as
-the commands do: elmo_jax/commands/process.py), and where the fixtures of the original code are
-(ELMO_JAX_FIXTURES; by default a `shared/fixtures` folder beside the checkout).
+the commands do: elmo_jax/commands/process.py), and where the fixtures of the original code are.
 
-Without the fixtures, tests that need them are skipped, unless ELMO_JAX_REQUIRE_FIXTURES=1
-(as .ci/run sets), which makes their absence a failure.
+`fixtures_dir` is the project's own set, tests/fixtures (made by `make fixtures`: what bilm-tf
+and AllenNLP compute, tests/fixtures/README.md). A test that takes `fixture_set` instead runs
+on it and on the extra set in ELMO_JAX_FIXTURES (by default a `shared/fixtures` folder beside
+the checkout: the fixtures bilm-tf and AllenNLP publish) where there is one; without it those
+tests run on the project's set alone, unless ELMO_JAX_REQUIRE_FIXTURES=1 (as .ci/run sets),
+which makes its absence an error.
 
 A test that starts a Python process (the command line, a script: each imports JAX and compiles,
 seconds) must be marked `launches`, so that `make test-fast` (`-m "not launches and not slow"`)
@@ -39,7 +42,20 @@ jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_compilation_cache_dir", str(ROOT / ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
-FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+PROJECT_FIXTURES = ROOT / "tests" / "fixtures"
+EXTRA_FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+def pytest_generate_tests(metafunc):
+    """`fixture_set`: the project's fixtures and the extra set where there is one."""
+    if "fixture_set" not in metafunc.fixturenames:
+        return
+    sets = {"project": PROJECT_FIXTURES}
+    if (EXTRA_FIXTURES / "elmo" / "options.json").is_file():
+        sets["extra"] = EXTRA_FIXTURES
+    elif os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1":
+        raise pytest.UsageError(f"extra fixtures not found at {EXTRA_FIXTURES} (set ELMO_JAX_FIXTURES)")
+    metafunc.parametrize("fixture_set", list(sets.values()), ids=list(sets), scope="session")
 
 
 def _is_python(args, executable) -> bool:
@@ -63,12 +79,9 @@ def _python_processes_only_where_marked(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    if not (FIXTURES / "elmo" / "options.json").is_file():
-        message = f"shared fixtures not found at {FIXTURES} (set ELMO_JAX_FIXTURES)"
-        if os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return FIXTURES
+    """The project's fixtures (tests/fixtures): models in bilm-tf's format and what the original
+    code computes from them."""
+    return PROJECT_FIXTURES
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ MARGIN = 16
 def ulps(want, n: int = MARGIN) -> float:
     """n float32 spacings at the largest |want|: the atol for two float32 runs of the same
     short computation (no long recurrence) that round differently, e.g. on other shapes."""
-    return n * EPS * float(np.abs(np.asarray(want, np.float64)).max())
+    return n * EPS * float(np.abs(np.asarray(want, np.float64)).max(initial=0.0))
 
 
 def value_and_rounding_spread(f: Callable, args: tuple, trials: int = 8, seed: int = 0, eps: float = EPS):

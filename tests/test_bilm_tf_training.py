@@ -18,8 +18,8 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
 @pytest.fixture(scope="module")
-def recorded(fixtures_dir):
-    return load(fixtures_dir / "bilm_tf_training")
+def recorded(fixture_set):
+    return load(fixture_set / "bilm_tf_training")
 
 
 def test_char_ids_are_bilm_tf_training_ids_plus_one(recorded):

@@ -1,4 +1,5 @@
-"""The published-format fixtures: our biLM must give the original TensorFlow numbers."""
+"""The bilm-tf fixtures (the project's and the extra set, conftest.py): our biLM gives the numbers
+the original TensorFlow code computed."""
 
 import json
 
@@ -26,8 +27,8 @@ def batch_chars(sentences):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_stateful_top_layer_matches_tensorflow(fixtures_dir, case):
-    folder = fixtures_dir / case
+def test_stateful_top_layer_matches_tensorflow(fixture_set, case):
+    folder = fixture_set / case
     config = ModelConfig.load(folder / "options.json")
     params = load_weights(folder / "lm_weights.hdf5", config)
     sentences = json.loads((folder / CASES[case]).read_text())
@@ -44,8 +45,8 @@ def test_stateful_top_layer_matches_tensorflow(fixtures_dir, case):
             np.testing.assert_allclose(got, expected[k][str(i)][...], atol=1e-5, rtol=1e-5)
 
 
-def test_token_layer_matches_tensorflow(fixtures_dir):
-    folder = fixtures_dir / "elmo"
+def test_token_layer_matches_tensorflow(fixture_set):
+    folder = fixture_set / "elmo"
     config = ModelConfig.load(folder / "options.json")
     params = load_weights(folder / "lm_weights.hdf5", config)
     words = (folder / "vocab_test.txt").read_text().split("\n")

@@ -53,7 +53,8 @@ def _datasets(f):
     return out
 
 
-def test_stateful_embedder_reproduces_the_fixture_protocol(elmo_fixture):
+def test_stateful_embedder_reproduces_the_fixture_protocol(fixture_set):
+    elmo_fixture = fixture_set / "elmo"
     model = load_model(options=elmo_fixture / "options.json", weights=elmo_fixture / "lm_weights.hdf5")
     sentences = json.loads((elmo_fixture / "sentences.json").read_text())
     embedder = Embedder(model, batch_size=3, stateful=True)
@@ -67,7 +68,8 @@ def test_stateful_embedder_reproduces_the_fixture_protocol(elmo_fixture):
             np.testing.assert_allclose(np.stack([top[:, :P], top[:, P:]]), want, atol=1e-5, rtol=1e-5)
 
 
-def test_token_cache_matches_the_fixture(elmo_fixture):
+def test_token_cache_matches_the_fixture(fixture_set):
+    elmo_fixture = fixture_set / "elmo"
     model = load_model(options=elmo_fixture / "options.json", weights=elmo_fixture / "lm_weights.hdf5")
     words = (elmo_fixture / "vocab_test.txt").read_text().split("\n")
     with h5py.File(elmo_fixture / "elmo_token_embeddings.hdf5") as f:
