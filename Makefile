@@ -9,7 +9,7 @@ PYTHON ?= $(or $(PY312),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint gpu-cpu install clean
+.PHONY: demo test test-fast test-py311 test-floors fixtures fixtures-check lint gpu-cpu install clean
 
 install: $(VENV)/.installed-dev
 
@@ -36,6 +36,22 @@ test: $(VENV)/.installed-dev
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal -m "not launches and not slow"
 
+# The suite in the other environments pyproject.toml declares (.ci/lane, .ci/run runs both): Python 3.11
+# with what it resolves today, and Python 3.11 with every dependency at its floor (.ci/floors.txt).
+test-py311:
+	bash .ci/lane py311
+
+test-floors:
+	bash .ci/lane floors
+
+# tests/fixtures made again from the original code: bilm-tf and AllenNLP, each in an environment of its
+# own (docs/CONTRIBUTING.md, "Fixtures"); fixtures-check makes them elsewhere and compares, byte for byte.
+fixtures: $(VENV)/.installed-dev
+	$(BIN)/python -m tests.reference.make
+
+fixtures-check: $(VENV)/.installed-dev
+	$(BIN)/python -m tests.reference.make --check
+
 # ruff (format and lint) and mypy (types, pyproject.toml's [tool.mypy]); .pre-commit-config.yaml runs the same.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
@@ -50,4 +66,4 @@ gpu-cpu: $(VENV)/.installed-dev
 	  if [ -e .gpu_cpu/failures.txt ]; then cat .gpu_cpu/failures.txt; tail -40 .gpu_cpu/gpu.log; exit 1; fi
 
 clean:
-	rm -rf $(VENV) workdirs .jax_cache .gpu_cpu
+	rm -rf $(VENV) .venv-py311 .venv-floors workdirs .jax_cache .gpu_cpu
