@@ -107,8 +107,7 @@ class Recorded(NamedTuple):
     hp: TrainSettings  # the run's options; dropout as recorded (0.0) unless load() was told otherwise
     values: dict  # initial params ("initial") and Adagrad accumulators ("initial_acc"), ours
     steps: list[dict]  # per step: batch, init_state, final_state, outputs, metrics, params, acc
-    raw_chars: set  # every char row (raw training ids) the batches hold
-    words: list[str]  # the words of train.txt
+    spelled: list  # (word, its raw training char ids) at every input position of a vocabulary word
 
 
 def load(folder: Path, dropout: float | None = None) -> Recorded:
@@ -145,13 +144,18 @@ def load(folder: Path, dropout: float | None = None) -> Recorded:
                     "acc": params_from_tf(g["after/adagrad_accumulator"], config, 1.0),
                 }
             )
-        raw_chars = {
-            tuple(row)
+        vocab = [word.decode("utf-8") for word in f["meta/vocab"][...]]
+        spelled = [
+            (vocab[i], row)
             for s in range(1, len(steps) + 1)
-            for key in ("tokens_characters", "tokens_characters_reverse")
-            for row in f[f"step_{s}/batch/{key}"][...].reshape(-1, 50)
-        }
-    return Recorded(config, hp, values, steps, raw_chars, (folder / "train.txt").read_text(encoding="utf-8").split())
+            for suffix in ("", "_reverse")
+            for i, row in zip(
+                f[f"step_{s}/batch/token_ids{suffix}"][...].ravel(),
+                f[f"step_{s}/batch/tokens_characters{suffix}"][...].reshape(-1, 50),
+            )
+            if vocab[i] != "<UNK>"
+        ]
+    return Recorded(config, hp, values, steps, spelled)
 
 
 def start_state(config: ModelConfig, hp: TrainSettings, values: dict) -> TrainState:
