@@ -29,7 +29,7 @@ from elmo_jax.experiment import train_settings
 from elmo_jax.hub import fetch_hub, is_hub
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
 from elmo_jax.model import Params
-from elmo_jax.model.bilm import init_params
+from elmo_jax.model.bilm import params_on_first_device
 from elmo_jax.outputs import Folder, replacing
 from elmo_jax.published import PUBLISHED, fetch, is_published
 from elmo_jax.text.vocab import Vocabulary
@@ -75,10 +75,9 @@ def load_model(
         rows = _softmax_rows(path)
         if vocab is not None and rows is not None and rows != len(vocab):
             raise UserError(f"{path}: vocab.txt has {len(vocab)} words but the params' softmax has {rows} rows")
-        abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, rows))
         import orbax.checkpoint as ocp  # here: half a second of imports that HDF5 models never need
 
-        params = ocp.StandardCheckpointer().restore((path / "params").absolute(), abstract)
+        params = ocp.StandardCheckpointer().restore((path / "params").absolute(), params_on_first_device(config, rows))
         return Model(config, params, vocab)
     options, weights = _one_file(path, "options.json"), _one_file(path, "weights.hdf5")
     if options is not None and weights is not None:

@@ -29,7 +29,7 @@ from elmo_jax.environment import environment
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
 from elmo_jax.model import Params, shapes_by_path
-from elmo_jax.model.bilm import init_params
+from elmo_jax.model.bilm import init_params, params_on_first_device
 from elmo_jax.outputs import make_folders, remove, remove_empty, write_text
 from elmo_jax.text.batcher import round_up
 from elmo_jax.text.corpus import Corpus
@@ -278,10 +278,7 @@ class Workdir:
             self.check_checkpoint(checkpoints.param_shapes(step), step, run_model)
             rows = checkpoints.softmax_table_rows(step)
             self.check_vocab(rows, config, vocab)
-            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), run_model, rows))
-            abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
-            params = checkpoints.restore_params(step, abstract)
+            params = checkpoints.restore_params(step, params_on_first_device(run_model, rows))
         finally:
             checkpoints.close()
         # A table sharded by rows was padded to a multiple of the devices.

@@ -36,6 +36,14 @@ def init_params(rng: jax.Array, config: ModelConfig, vocab_size: int | None) -> 
     return params
 
 
+def params_on_first_device(config: ModelConfig, vocab_size: int | None) -> Params:
+    """init_params' shapes and dtypes (ShapeDtypeStructs) on the first local device: what a
+    checkpoint is restored into (Orbax 0.11 warns on every restore without a sharding)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), config, vocab_size))
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
+
+
 def bilm_top(
     params: Params,
     chars_UC: jax.Array,
