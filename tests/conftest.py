@@ -44,6 +44,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 PROJECT_FIXTURES = ROOT / "tests" / "fixtures"
 EXTRA_FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURE_FILES = ("elmo/options.json", "bilm-tf/model/options.json", "bilm_tf_training/fixture.hdf5")  # a set has all
 
 
 def pytest_generate_tests(metafunc):
@@ -51,10 +52,11 @@ def pytest_generate_tests(metafunc):
     if "fixture_set" not in metafunc.fixturenames:
         return
     sets = {"project": PROJECT_FIXTURES}
-    if (EXTRA_FIXTURES / "elmo" / "options.json").is_file():
+    missing = [name for name in FIXTURE_FILES if not (EXTRA_FIXTURES / name).is_file()]
+    if len(missing) < len(FIXTURE_FILES) or os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1":
+        if missing:
+            raise pytest.UsageError(f"extra fixtures at {EXTRA_FIXTURES} lack {', '.join(missing)} (ELMO_JAX_FIXTURES)")
         sets["extra"] = EXTRA_FIXTURES
-    elif os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1":
-        raise pytest.UsageError(f"extra fixtures not found at {EXTRA_FIXTURES} (set ELMO_JAX_FIXTURES)")
     metafunc.parametrize("fixture_set", list(sets.values()), ids=list(sets), scope="session")
 
 

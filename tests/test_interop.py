@@ -9,6 +9,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from float32_tolerance import ulps
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.embed import Embedder, embed_file, token_embeddings
@@ -83,7 +84,7 @@ def test_stateless_vectors_do_not_depend_on_the_batch(elmo_fixture):
     embedder = Embedder(model, batch_size=4)
     alone = embedder([["the", "river", "bank"]])[0]
     together = embedder([["a", "much", "longer", "sentence", "about", "money"], ["the", "river", "bank"]])[1]
-    np.testing.assert_allclose(alone, together, atol=1e-6)
+    np.testing.assert_allclose(alone, together, atol=ulps(alone))  # other batch shapes round differently
     assert alone.shape == (3, 3, 32)
     np.testing.assert_allclose(embedder([["the", "river", "bank"]])[0], alone, atol=0)  # no state kept
 
