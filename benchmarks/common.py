@@ -8,7 +8,6 @@ Run every benchmark from the repository root as a module: `python -m benchmarks.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
@@ -21,8 +20,6 @@ from elmo_jax.text.vocab import SPECIAL_TOKENS, Vocabulary
 from experiments import cpu_peer, elmo_medium, elmo_original, elmo_small
 
 ROOT = Path(__file__).resolve().parent.parent
-# The original code's outputs, as the tests find them (tests/conftest.py).
-FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 
 # The sizes a benchmark takes by --config: its experiment, and the vocabulary size of the data it
 # stands for (cpu_peer: the comparison with bilm-tf's code; the published sizes: LM1B's).

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # (its bilm-tf side cannot import benchmarks.common)
-FIXTURE = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "bilm_tf_training"
+FIXTURE = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT / "tests" / "fixtures")) / "bilm_tf_training"
 
 
 def tf_side(draws: int, rate: float, out: str) -> None:
