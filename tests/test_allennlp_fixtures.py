@@ -11,7 +11,6 @@ changed model needs the records made again (`python -m tests.reference.make`).
 
 import hashlib
 import json
-from pathlib import Path
 
 import h5py
 import jax.numpy as jnp
@@ -23,31 +22,30 @@ from elmo_jax import Elmo, batch_to_ids
 from elmo_jax.embed import Embedder
 from elmo_jax.model_io import load_model
 
-HERE = Path(__file__).parent
-RECORDS = HERE / "fixtures" / "allennlp"
-MODEL = HERE / "fixtures" / "elmo"
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 SETTINGS = [(False, False), (True, False), (False, True), (True, True)]  # (do_layer_norm, keep_sentence_boundaries)
 
 
 @pytest.fixture(scope="module")
-def records():
-    with h5py.File(RECORDS / "allennlp.hdf5", "r") as f:
+def records(fixtures_dir):
+    folder = fixtures_dir / "allennlp"
+    with h5py.File(folder / "allennlp.hdf5", "r") as f:
         arrays = {}
         f.visititems(lambda name, obj: arrays.update({name: obj[()]}) if isinstance(obj, h5py.Dataset) else None)
-    return json.loads((RECORDS / "sentences.json").read_text()), arrays
+    return json.loads((folder / "sentences.json").read_text()), arrays
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model(MODEL)
+def model(fixtures_dir):
+    return load_model(fixtures_dir / "elmo")
 
 
-def test_the_records_come_from_this_model(records):
+def test_the_records_come_from_this_model(records, fixtures_dir):
     meta, _ = records
     for name, digest in meta["model_sha256"].items():
-        assert hashlib.sha256((MODEL / name).read_bytes()).hexdigest() == digest, (
-            f"{MODEL / name} is not the file tests/fixtures/allennlp was recorded from: "
+        path = fixtures_dir / "elmo" / name
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, (
+            f"{path} is not the file tests/fixtures/allennlp was recorded from: "
             "make the records again (python -m tests.reference.make)"
         )
 

@@ -16,7 +16,7 @@ Only positions under the mask are compared where bilm-tf puts something else at 
 token layer at a padded slot is the char CNN of an all-zero token (ours is 0), and its
 weight_layers normalise and scale padding too. Its LSTM outputs are 0 there, as ours.
 
-layers.hdf5 exists only in the project's fixture set (PROJECT_FIXTURES); the test that needs
+layers.hdf5 exists only in the project's fixture set (`fixtures_dir`); the test that needs
 only the published-format files runs on every set (`fixture_set`, conftest.py).
 """
 
@@ -37,7 +37,6 @@ from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.scalar_mix import ScalarMix
 from elmo_jax.text.chars import token_char_ids
 
-PROJECT_FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = {"elmo": "sentences.json", "bilm-tf/model": "lm_embeddings_sentences.json"}
 DIRECTIONS = ("forward", "backward")
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -75,9 +74,9 @@ def run_batches(folder: Path, sentences_file: str, stateful: bool = True) -> tup
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
-def model(request):
+def model(request, fixtures_dir):
     """(name, config, our batches, layers.hdf5 opened) for one of the project's models."""
-    folder = PROJECT_FIXTURES / request.param
+    folder = fixtures_dir / request.param
     config, batches = run_batches(folder, MODELS[request.param])
     with h5py.File(folder / "layers.hdf5", "r") as recorded:
         yield request.param, config, batches, recorded

@@ -1,15 +1,15 @@
-# mypy: disable-error-code="import-not-found"
 """Records what AllenNLP 2.10.1 computes, for tests/test_allennlp_fixtures.py. Runs ONLY in the
 side environment of tests/reference/allennlp.py (torch, allennlp); the project never imports it.
 
-    python allennlp_record.py MODEL_DIR OUT_DIR
+    python allennlp_record.py MODEL_DIR OUT.npz OUT.json
 
-MODEL_DIR holds options.json and lm_weights.hdf5 (bilm-tf's layout); OUT_DIR gets
-sentences.json, allennlp.hdf5 and README.md (what each dataset is). Deterministic: one thread,
-fixed seeds, no dropout, HDF5 without time stamps, sorted JSON.
+MODEL_DIR holds options.json and lm_weights.hdf5 (bilm-tf's layout). OUT.npz gets the arrays
+under their allennlp.hdf5 dataset names (float32; masks uint8; char ids int32), OUT.json the
+inputs (token lists, mixes) and the versions; allennlp.py writes the fixture files from them
+(tests/reference/allennlp_readme.md says what each dataset is). Deterministic: one thread, fixed
+seeds, no dropout.
 """
 
-import hashlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -129,43 +129,8 @@ STATEFUL = [
 
 GRAD_BATCH = 0  # FRESH[0]
 
-README = """# AllenNLP's ELMo outputs on the fixture model
 
-Written by `tests/reference/allennlp.py` (`make(model, out)`, which runs
-`tests/reference/allennlp_record.py` in a side environment: allennlp 2.10.1, torch 2.13.0 CPU;
-versions in `sentences.json`), read by `tests/test_allennlp_fixtures.py`. Do not edit by hand:
-make them again, which writes byte-identical files for the same model. The model is
-`tests/fixtures/elmo/` (its files' sha256 are in `sentences.json`, `model_sha256`).
-
-`sentences.json` (sorted keys): the token lists `awkward`, `fresh` (3 batches), `stateful`
-(3 batches of 3 rows), `grad_batch` (the index of the `fresh` batch the gradient used), the
-`mixes`, `model_sha256` and `versions`.
-
-`allennlp.hdf5` (float32; masks uint8; char ids int32, 0 = padded slot; P = projection_dim):
-
-- `awkward/char_ids` (B, T, 50): `batch_to_ids(awkward)`: an empty sentence, long and
-  multi-byte words, `<S>` `</S>` `<UNK>` inside a sentence, whitespace-ish tokens.
-- `fresh/i/char_ids`: `batch_to_ids(fresh[i])`, the input of everything else under `fresh/i`.
-- `fresh/i/activations` (3, B, T + 2, 2P) and `fresh/i/mask` (B, T + 2): a fresh `_ElmoBiLm`:
-  [token | token], LSTM layer 1, LSTM layer 2 (forward | backward), with `<S>` and `</S>`.
-- `fresh/i/elmo_normN_keepK/representation0`, `representation1`, `mask`: a fresh
-  `Elmo(num_output_representations=2, dropout=0, do_layer_norm=N, keep_sentence_boundaries=K,
-  scalar_mix_parameters=mixes.scalar_mix_parameters)` whose second mix was then set to
-  `mixes.mix_1`, with gamma `mixes.gamma_1`.
-- `stateful/i/char_ids`, `activations`, `mask`: ONE `_ElmoBiLm` called on batches 0, 1, 2 in
-  turn; AllenNLP carries each row's LSTM state into the next call.
-- `grad/normN/loss`, `scalar_parameters`, `gamma`: a fresh `Elmo(num_output_representations=1,
-  dropout=0, do_layer_norm=N)` on `fresh[grad_batch]`, its trainable mix set to
-  `mixes.scalar_mix_parameters` and gamma `mixes.grad_gamma`: `mean(representation ** 2)` and
-  its gradient with respect to the mix's parameters.
-
-`elmo_jax.Elmo` is stateless (each call starts from a zero state), so its outputs are compared
-with these fresh modules; AllenNLP's `Elmo` itself keeps each row's state from call to call,
-which `elmo_jax.Embedder(stateful=True)` reproduces (`stateful/`).
-"""
-
-
-def store(f: h5py.File, name: str, value) -> None:
+def store(arrays: dict, name: str, value) -> None:
     value = np.asarray(value)
     if value.dtype == np.float64:
         raise TypeError(name)
@@ -173,8 +138,7 @@ def store(f: h5py.File, name: str, value) -> None:
         value = value.astype(np.uint8)
     if value.dtype == np.int64:  # char ids: torch's int64, ours int32
         value = value.astype(np.int32)
-    options = {"compression": "gzip", "compression_opts": 9, "shuffle": True} if value.size > 64 else {}
-    f.create_dataset(name, data=value, track_times=False, **options)
+    arrays[name] = value
 
 
 def elmo(model: Path, do_layer_norm: bool, keep: bool, mix=MIX, representations: int = 2) -> Elmo:
@@ -200,72 +164,66 @@ def bilm(model: Path) -> _ElmoBiLm:
     return _ElmoBiLm(str(model / "options.json"), str(model / "lm_weights.hdf5")).eval()
 
 
-def main(model: Path, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    layouts = {}
-    with h5py.File(out / "allennlp.hdf5", "w") as f:
-        store(f, "awkward/char_ids", batch_to_ids(AWKWARD).numpy())
-        for i, batch in enumerate(FRESH):
-            ids = batch_to_ids(batch)
-            store(f, f"fresh/{i}/char_ids", ids.numpy())
+def main(model: Path, out_file: Path, meta_file: Path) -> None:
+    arrays: dict = {}
+    store(arrays, "awkward/char_ids", batch_to_ids(AWKWARD).numpy())
+    for i, batch in enumerate(FRESH):
+        ids = batch_to_ids(batch)
+        store(arrays, f"fresh/{i}/char_ids", ids.numpy())
+        with torch.no_grad():
+            got = bilm(model)(ids)
+        store(arrays, f"fresh/{i}/activations", torch.stack(got["activations"]).numpy())
+        store(arrays, f"fresh/{i}/mask", got["mask"].numpy())
+        for norm, keep in SETTINGS:
             with torch.no_grad():
-                got = bilm(model)(ids)
-            store(f, f"fresh/{i}/activations", torch.stack(got["activations"]).numpy())
-            store(f, f"fresh/{i}/mask", got["mask"].numpy())
-            for norm, keep in SETTINGS:
-                with torch.no_grad():
-                    got = elmo(model, norm, keep)(ids)
-                key = f"fresh/{i}/elmo_norm{int(norm)}_keep{int(keep)}"
-                for k, representation in enumerate(got["elmo_representations"]):
-                    store(f, f"{key}/representation{k}", representation.numpy())
-                store(f, f"{key}/mask", got["mask"].numpy())
-        stateful = bilm(model)
-        for i, batch in enumerate(STATEFUL):
-            ids = batch_to_ids(batch)
-            store(f, f"stateful/{i}/char_ids", ids.numpy())
-            with torch.no_grad():
-                got = stateful(ids)
-            store(f, f"stateful/{i}/activations", torch.stack(got["activations"]).numpy())
-            store(f, f"stateful/{i}/mask", got["mask"].numpy())
-        ids = batch_to_ids(FRESH[GRAD_BATCH])
-        for norm in (False, True):
-            module = elmo(model, norm, False, mix=None, representations=1)
-            mix = module._scalar_mixes[0]
-            with torch.no_grad():
-                for parameter, value in zip(mix.scalar_parameters, MIX):
-                    parameter.fill_(value)
-                mix.gamma.fill_(GRAD_GAMMA)
-            representation = module(ids)["elmo_representations"][0]
-            loss = (representation**2).mean()
-            loss.backward()
-            key = f"grad/norm{int(norm)}"
-            store(f, f"{key}/loss", loss.detach().numpy())
-            store(f, f"{key}/scalar_parameters", torch.cat([p.grad for p in mix.scalar_parameters]).numpy())
-            store(f, f"{key}/gamma", mix.gamma.grad.numpy().reshape(()))
-        f.visititems(lambda name, obj: layouts.update({name: obj.shape}) if isinstance(obj, h5py.Dataset) else None)
-    sentences = {
+                got = elmo(model, norm, keep)(ids)
+            key = f"fresh/{i}/elmo_norm{int(norm)}_keep{int(keep)}"
+            for k, representation in enumerate(got["elmo_representations"]):
+                store(arrays, f"{key}/representation{k}", representation.numpy())
+            store(arrays, f"{key}/mask", got["mask"].numpy())
+    stateful = bilm(model)
+    for i, batch in enumerate(STATEFUL):
+        ids = batch_to_ids(batch)
+        store(arrays, f"stateful/{i}/char_ids", ids.numpy())
+        with torch.no_grad():
+            got = stateful(ids)
+        store(arrays, f"stateful/{i}/activations", torch.stack(got["activations"]).numpy())
+        store(arrays, f"stateful/{i}/mask", got["mask"].numpy())
+    ids = batch_to_ids(FRESH[GRAD_BATCH])
+    for norm in (False, True):
+        module = elmo(model, norm, False, mix=None, representations=1)
+        mix = module._scalar_mixes[0]
+        with torch.no_grad():
+            for parameter, value in zip(mix.scalar_parameters, MIX):
+                parameter.fill_(value)
+            mix.gamma.fill_(GRAD_GAMMA)
+        representation = module(ids)["elmo_representations"][0]
+        loss = (representation**2).mean()
+        loss.backward()
+        key = f"grad/norm{int(norm)}"
+        store(arrays, f"{key}/loss", loss.detach().numpy())
+        store(arrays, f"{key}/scalar_parameters", torch.cat([p.grad for p in mix.scalar_parameters]).numpy())
+        store(arrays, f"{key}/gamma", mix.gamma.grad.numpy().reshape(()))
+    meta = {
         "awkward": AWKWARD,
         "fresh": FRESH,
         "stateful": STATEFUL,
         "grad_batch": GRAD_BATCH,
-        "model_sha256": {
-            name: hashlib.sha256((model / name).read_bytes()).hexdigest()
-            for name in ("options.json", "lm_weights.hdf5")
-        },
         "mixes": {"scalar_mix_parameters": MIX, "mix_1": MIX_1, "gamma_1": GAMMA_1, "grad_gamma": GRAD_GAMMA},
         "versions": {
             "allennlp": ALLENNLP_VERSION,
             "torch": torch.__version__,
             "numpy": np.__version__,
             "h5py": h5py.__version__,
-            "python": sys.version.split()[0],
+            "python": "{}.{}".format(*sys.version_info[:2]),
         },
     }
     assert allennlp.__name__ == "allennlp"
-    (out / "sentences.json").write_text(json.dumps(sentences, sort_keys=True, indent=1) + "\n")
-    (out / "README.md").write_text(README)
-    print(f"AllenNLP {ALLENNLP_VERSION}: recorded {len(layouts)} datasets")
+    np.savez(out_file, **arrays)
+    with open(meta_file, "w") as f:
+        json.dump(meta, f)
+    print(f"AllenNLP {ALLENNLP_VERSION}: recorded {len(arrays)} datasets")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,182 +1,34 @@
 """The bilm-tf half of the fixture generator: `make(out)` writes out/elmo/, out/bilm-tf/model/
-and out/bilm_tf_training/ (tests/fixtures/README.md) by running the original bilm-tf code.
-
-bilm-tf (allenai/bilm-tf @ 7cffee2 = PyPI bilm 0.1.post5, checked by wheel sha256 and the git
-blob ids of its five modules) runs in a side environment of its own (`ENV`: tensorflow-cpu
-2.21 in compat.v1 graph mode, with tf-keras 2.21 for `tf.nn.rnn_cell`), after two compatibility
-patches applied here to a pristine copy: `import tensorflow as tf` becomes
-`import tensorflow.compat.v1 as tf` + `tf.disable_v2_behavior()` (TF_USE_LEGACY_KERAS=1 first),
-and LMDataset.get_sentence returns where `_load_random_shard` raises StopIteration (PEP 479).
-Neither touches arithmetic.
+and out/bilm_tf_training/ (tests/fixtures/README.md) by running the original bilm-tf code in its
+side environment (bilm_tf_env.py).
 
 What runs where:
 - here (the project's Python): the random weights (numpy, seeded) in bilm-tf's HDF5 layout,
-  the sentences, the training text, and every HDF5 file written (deterministically: fixed
-  dataset order, no timestamps, JSON with sorted keys);
+  the sentences, the training text, and every file written (files.py);
 - in the side environment: `bilm_tf_inference.py` (the two inference models: Batcher +
   stateful BidirectionalLanguageModel + weight_layers + dump_token_embeddings) and
   `bilm_tf_training.py` (four steps of bilm.training.train() with observers). They hand back
   .npz files and JSON; they are never imported by the project.
 
-    python -m tests.reference.bilm_tf [OUT]      # OUT defaults to tests/fixtures
+make.py calls `make` on an empty scratch folder, and replaces the committed folders only when
+everything is made.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import subprocess
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
-from tests.reference.side_env import SideEnv
+from tests.reference.bilm_tf_env import BILM_VERSION, ENV, TENSORFLOW_VERSION, run_side
+from tests.reference.files import load_npz, write_hdf5, write_json, write_text
 
 HERE = Path(__file__).resolve().parent
-
-ENV = SideEnv(
-    "bilm-tf",
-    ("tensorflow-cpu==2.21.0", "numpy==2.4.6", "h5py==3.14.0"),
-    no_deps=("tf-keras==2.21.0",),  # --no-deps: the full `tensorflow` wheel must not come in beside tensorflow-cpu
-)
-BILM_VERSION = "0.1.post5"
-BILM_WHEEL = f"bilm-{BILM_VERSION}-py3-none-any.whl"
-BILM_WHEEL_SHA256 = "98a2e3c332bcefcccda6bf6056f8a0be52c474e62bcb0817787010b22b6969a3"
-TENSORFLOW_VERSION = "2.21.0"
-# git blob ids of bilm/*.py at allenai/bilm-tf 7cffee2b0986be51f5e2a747244836e1047657f4
-BILM_BLOBS = {
-    "__init__.py": "72ff1e49157e6c6170d7894494b6cd443f1b78c9",
-    "data.py": "e4995d61527eafe2c84133f2721031d86a485237",
-    "elmo.py": "70c26da309bf4bbaa5efe2a75fd3437ccc3289be",
-    "model.py": "ad2752476b59e1a27452802e3dbf2cee4b802e24",
-    "training.py": "b9c022c06c6a33adeee37aefff0f15412f299636",
-}
-TF_IMPORT = "import tensorflow as tf\n"
-TF_IMPORT_COMPAT = (
-    "import os as _os  # [elmo_jax patch] TF 2.x compat.v1 graph mode\n"
-    "_os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')\n"
-    "import tensorflow.compat.v1 as tf\n"
-    "tf.disable_v2_behavior()\n"
-)
-SHARD_RELOAD = "            if self._i == self._nids:\n                self._ids = self._load_random_shard()\n"
-SHARD_RELOAD_PEP479 = (
-    "            if self._i == self._nids:\n"
-    "                try:  # [elmo_jax patch] PEP 479: no StopIteration out of a generator\n"
-    "                    self._ids = self._load_random_shard()\n"
-    "                except StopIteration:\n"
-    "                    return\n"
-)
-# The side processes: CPU only, single-threaded (SideEnv.run sets OMP_NUM_THREADS=1; the scripts
-# set TF's thread pools to 1), oneDNN off, so that a rerun gives the same bytes.
-SIDE_ENV = {
-    "TF_ENABLE_ONEDNN_OPTS": "0",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "TF_USE_LEGACY_KERAS": "1",
-    "PYTHONUTF8": "1",
-    "PYTHONWARNINGS": "ignore::SyntaxWarning",  # bilm/elmo.py's docstring has a '\\l'
-}
-
-
-# ---- the bilm-tf package ------------------------------------------------------------------------
-
-
-def _git_blob(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def _patch(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    if text.count(old) != 1:
-        raise RuntimeError(f"{path}: expected one {old!r}, found {text.count(old)}")
-    path.write_text(text.replace(old, new))
-
-
-def bilm_package() -> Path:
-    """A folder inside the side environment holding the patched `bilm` package (put it on
-    PYTHONPATH). The wheel is downloaded once (pip download --no-deps) and checked by sha256;
-    the package is extracted and patched afresh on every call (it takes milliseconds)."""
-    env = ENV.ensure()
-    wheel = env / "downloads" / BILM_WHEEL
-    if not wheel.is_file():
-        subprocess.run(
-            [str(ENV.python_exe()), "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
-            + [f"bilm=={BILM_VERSION}", "-d", str(wheel.parent)],
-            check=True,
-        )
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != BILM_WHEEL_SHA256:
-        wheel.unlink()
-        raise RuntimeError(f"{BILM_WHEEL}: sha256 {digest}, expected {BILM_WHEEL_SHA256}")
-    folder = env / "bilm-peer"
-    shutil.rmtree(folder, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as archive:
-        for name in BILM_BLOBS:
-            data = archive.read(f"bilm/{name}")
-            if _git_blob(data) != BILM_BLOBS[name]:
-                raise RuntimeError(f"bilm/{name} of {BILM_WHEEL} is not bilm-tf @ 7cffee2's")
-            (folder / "bilm").mkdir(parents=True, exist_ok=True)
-            (folder / "bilm" / name).write_bytes(data)
-    for name in ("training.py", "model.py", "elmo.py"):
-        _patch(folder / "bilm" / name, TF_IMPORT, TF_IMPORT_COMPAT)
-    _patch(folder / "bilm" / "data.py", SHARD_RELOAD, SHARD_RELOAD_PEP479)
-    return folder
-
-
-def run_side(script: str, *args: str | Path) -> None:
-    """Runs tests/reference/`script` in the side environment with the patched bilm importable."""
-    ENV.run(HERE / script, *args, env={**SIDE_ENV, "PYTHONPATH": str(bilm_package())})
-
-
-# ---- deterministic files --------------------------------------------------------------------------
-
-
-def write_json(path: Path, value: object, ascii_only: bool = False) -> None:
-    path.write_text(json.dumps(value, indent=1, sort_keys=True, ensure_ascii=ascii_only) + "\n", encoding="utf-8")
-
-
-def write_text(path: Path, lines: list[str], final_newline: bool = True) -> None:
-    path.write_bytes(("\n".join(lines) + ("\n" if final_newline else "")).encode("utf-8"))
-
-
-def write_hdf5(
-    path: Path,
-    datasets: dict[str, np.ndarray],
-    attrs: dict[str, dict[str, object]] | None = None,
-    root_attrs: dict[str, object] | None = None,
-) -> None:
-    """One HDF5 file, the same bytes for the same content: datasets in sorted name order, no
-    timestamps; numeric arrays of 256+ elements gzip-compressed (shuffle filter, level 9); file
-    format of HDF5 1.10 (compact groups and chunk indexes; any h5py of the last years reads it).
-    `attrs` maps a dataset's or group's name to its attributes."""
-    attrs = attrs or {}
-    with h5py.File(path, "w", libver=("v110", "v110"), track_order=False) as f:
-        for key, value in sorted((root_attrs or {}).items()):
-            f.attrs[key] = value
-        for name in sorted(datasets):
-            value = np.asarray(datasets[name])
-            compress = value.dtype.kind in "fiu" and value.size >= 256
-            options: dict[str, object] = (
-                {"compression": "gzip", "compression_opts": 9, "shuffle": True, "chunks": value.shape}
-                if compress
-                else {}
-            )
-            if value.dtype.kind in "OUS":
-                value = np.array([str(v) for v in value.ravel()], dtype=h5py.string_dtype("utf-8")).reshape(value.shape)
-            f.create_dataset(name, data=value, track_times=False, **options)
-        for name in sorted(attrs):  # of datasets or groups
-            for key, attr in sorted(attrs[name].items()):
-                f[name].attrs[key] = attr
-
-
-def load_npz(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {key: data[key] for key in data.files}
 
 
 # ---- the inference models -------------------------------------------------------------------------
@@ -311,13 +163,13 @@ def vocabulary() -> list[str]:
     return words + ["x" * 48, "y" * 49, "é" * 24 + "z"]
 
 
-def make_models(out: Path, scratch: Path) -> dict:
-    """out/elmo and out/bilm-tf/model: weights, sentences, and what bilm-tf computes of them."""
+def make_models(out: Path, work: Path) -> dict:
+    """out/elmo and out/bilm-tf/model: weights, sentences, and what bilm-tf computes of them
+    (`work`: the side process's job and results). Returns the replay's clip statistics."""
     words = vocabulary()
     stats = {}
     for name, (skip, seed, sentences_file) in MODELS.items():
         folder = out / name
-        shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         options = json.loads(json.dumps(OPTIONS))
         options["lstm"]["use_skip_connections"] = skip
@@ -341,10 +193,10 @@ def make_models(out: Path, scratch: Path) -> dict:
             "sentences_file": str(folder / sentences_file),
             "mixes": mixes,
         }
-        write_json(scratch / "job.json", job)
-        run_side("bilm_tf_inference.py", scratch / "job.json", scratch / "out.npz", scratch / "stats.json")
-        got = load_npz(scratch / "out.npz")
-        stats[name] = json.loads((scratch / "stats.json").read_text())
+        write_json(work / "job.json", job)
+        run_side("bilm_tf_inference.py", work / "job.json", work / "out.npz", work / "stats.json")
+        got = load_npz(work / "out.npz")
+        stats[name] = json.loads((work / "stats.json").read_text())
         for k in range(3):
             write_hdf5(folder / f"lm_embeddings_{k}.hdf5", {str(i): got[f"lm_embeddings/{k}/{i}"] for i in range(10)})
         write_hdf5(folder / "elmo_token_embeddings.hdf5", {"embedding": got["token_embeddings"]})
@@ -435,9 +287,10 @@ TRAINING_DESCRIPTION = (
 )
 
 
-def make_training(out: Path, scratch: Path) -> dict:
+def make_training(out: Path, work: Path) -> list[dict]:
+    """out/bilm_tf_training: options, vocabulary, text, and four steps of bilm-tf's train()
+    recorded (`work`: the side process's job, checkpoints and results). Returns the steps' summary."""
     folder = out / "bilm_tf_training"
-    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     vocab = ["<S>", "</S>", "<UNK>"]
     for word in " ".join(TRAIN_TEXT).split():
@@ -453,12 +306,12 @@ def make_training(out: Path, scratch: Path) -> dict:
         "options": options,
         "train_file": str(folder / "train.txt"),
         "vocab_file": str(folder / "vocab.txt"),
-        "save_dir": str(scratch / "train_save"),
+        "save_dir": str(work / "train_save"),
     }
-    write_json(scratch / "train_job.json", job)
-    run_side("bilm_tf_training.py", scratch / "train_job.json", scratch / "train.npz", scratch / "train.json")
-    got = load_npz(scratch / "train.npz")
-    meta = json.loads((scratch / "train.json").read_text())
+    write_json(work / "train_job.json", job)
+    run_side("bilm_tf_training.py", work / "train_job.json", work / "train.npz", work / "train.json")
+    got = load_npz(work / "train.npz")
+    meta = json.loads((work / "train.json").read_text())
     datasets: dict[str, np.ndarray] = {
         "meta/vocab": np.array(vocab, dtype=object),
         "meta/trainable_variables": np.array(meta["trainable_variables"], dtype=object),
@@ -519,23 +372,16 @@ TRAINING_README = (HERE / "bilm_tf_training_readme.md").read_text(encoding="utf-
 
 
 def make(out: Path) -> None:
-    """Writes out/elmo, out/bilm-tf/model and out/bilm_tf_training (each replaced whole)."""
-    out = Path(out)
+    """Writes out/elmo, out/bilm-tf/model and out/bilm_tf_training (none there before)."""
     start = time.time()
     ENV.ensure()
     print(f"bilm-tf environment ready: {time.time() - start:.0f} s", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bilm-tf-fixtures-") as tmp:
-        scratch = Path(tmp)
-        stats = make_models(out, scratch)
+    with tempfile.TemporaryDirectory(prefix="bilm-tf-work-") as tmp:
+        work = Path(tmp)
+        stats = make_models(out, work)
         for name, s in stats.items():
             print(f"{name}: {json.dumps(s, sort_keys=True)}", flush=True)
-        summary = make_training(out, scratch)
+        summary = make_training(out, work)
         for row in summary:
             print(f"bilm_tf_training {json.dumps(row, sort_keys=True)}", flush=True)
-    print(f"bilm-tf fixtures written to {out}: {time.time() - start:.0f} s", flush=True)
-
-
-if __name__ == "__main__":
-    import sys
-
-    make(Path(sys.argv[1] if len(sys.argv) > 1 else HERE.parent / "fixtures"))
+    print(f"bilm-tf fixtures made: {time.time() - start:.0f} s", flush=True)

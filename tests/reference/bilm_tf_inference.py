@@ -1,5 +1,5 @@
-"""Runs INSIDE the bilm-tf side environment (tests/reference/bilm_tf.py), never imported by the
-project: one inference model through bilm-tf's own code.
+"""Runs INSIDE the bilm-tf side environment (tests/reference/bilm_tf_env.py; run by bilm_tf.py),
+never imported by the project: one inference model through bilm-tf's own code.
 
     python bilm_tf_inference.py JOB.json OUT.npz STATS.json
 
@@ -23,27 +23,14 @@ STATS.json: how often the clips fired (from a float64 numpy replay of the LSTMs 
 token vectors and states, which must also agree with bilm-tf's outputs) and that agreement.
 """
 
-import json
 import os
 import sys
 import tempfile
 
 import h5py
 import numpy as np
-import tensorflow.compat.v1 as tf  # type: ignore[import-untyped]
-from bilm import Batcher, BidirectionalLanguageModel, dump_token_embeddings, weight_layers  # type: ignore[import-not-found]  # noqa: E501
-
-DIRECTIONS = ("forward", "backward")
-tf.logging.set_verbosity(tf.logging.ERROR)  # not its deprecation notices
-_ConfigProto = tf.ConfigProto
-
-
-def single_threaded(**kwargs):
-    """tf.ConfigProto with one thread per pool (bilm-tf's own sessions get it too)."""
-    return _ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1, **kwargs)
-
-
-tf.ConfigProto = single_threaded
+from bilm import Batcher, BidirectionalLanguageModel, dump_token_embeddings, weight_layers
+from bilm_tf_side import DIRECTIONS, hand_back, read_json, tf
 
 
 def sigmoid(x):
@@ -113,12 +100,9 @@ class Replay:
 
 
 def main(job_file, out_file, stats_file):
-    with open(job_file) as f:
-        job = json.load(f)
-    with open(job["options_file"]) as f:
-        options = json.load(f)
-    with open(job["sentences_file"]) as f:
-        sentences = json.load(f)
+    job = read_json(job_file)
+    options = read_json(job["options_file"])
+    sentences = read_json(job["sentences_file"])
     max_chars = options["char_cnn"]["max_characters_per_token"]
     P = options["lstm"]["projection_dim"]
     L = options["lstm"]["n_layers"]
@@ -191,11 +175,9 @@ def main(job_file, out_file, stats_file):
         with h5py.File(path, "r") as f:
             out["token_embeddings"] = f["embedding"][...]
 
-    np.savez(out_file, **out)
     stats = replay.stats()
     assert stats["numpy_float64_replay_max_diff_over_tolerance"] < 1, stats
-    with open(stats_file, "w") as f:
-        json.dump(stats, f)
+    hand_back(out, out_file, stats, stats_file)
 
 
 if __name__ == "__main__":

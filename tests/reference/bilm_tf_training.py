@@ -1,6 +1,6 @@
-"""Runs INSIDE the bilm-tf side environment (tests/reference/bilm_tf.py), never imported by the
-project: four steps of bilm-tf's own bilm.training.train(), recorded by observers that leave
-its computation alone.
+"""Runs INSIDE the bilm-tf side environment (tests/reference/bilm_tf_env.py; run by bilm_tf.py),
+never imported by the project: four steps of bilm-tf's own bilm.training.train(), recorded by
+observers that leave its computation alone.
 
     python bilm_tf_training.py JOB.json OUT.npz OUT.json
 
@@ -17,30 +17,22 @@ shuffle_on_load=False), graph seed 0. The observers:
 - Session.run is wrapped: on train()'s own training-step call (train op first) it reads every
   global variable before step 1, adds the noted tensors to the same run's fetches (handing
   train() exactly its own fetches' results), and reads every global variable after the step;
-- tf.ConfigProto gets one thread per pool (bilm-tf's sessions too): deterministic on CPU.
+- tf.ConfigProto gets one thread per pool (bilm-tf's sessions too; bilm_tf_side.py):
+  deterministic on CPU.
 
 OUT.npz holds fixture.hdf5's datasets under their names (tests/fixtures/bilm_tf_training/
 README.md); OUT.json the variable lists, each dataset's attributes and a summary per step.
 """
 
-import json
 import os
 import random
 import sys
 import tempfile
 
 import numpy as np
-import tensorflow.compat.v1 as tf  # type: ignore[import-untyped]
-from bilm import training  # type: ignore[import-not-found]
-from bilm.data import BidirectionalLMDataset  # type: ignore[import-not-found]
-
-DIRECTIONS = ("forward", "backward")
-tf.logging.set_verbosity(tf.logging.ERROR)  # not its deprecation notices
-_ConfigProto = tf.ConfigProto
-
-
-def single_threaded(**kwargs):
-    return _ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1, **kwargs)
+from bilm import training
+from bilm.data import BidirectionalLMDataset
+from bilm_tf_side import DIRECTIONS, hand_back, read_json, tf
 
 
 def variable_path(name):
@@ -51,8 +43,7 @@ def variable_path(name):
 
 
 def main(job_file, out_file, meta_file):
-    with open(job_file) as f:
-        job = json.load(f)
+    job = read_json(job_file)
     options = job["options"]
     B, T, P = options["batch_size"], options["unroll_steps"], options["lstm"]["projection_dim"]
     n_layers = options["lstm"]["n_layers"]
@@ -148,7 +139,6 @@ def main(job_file, out_file, meta_file):
     training.clip_by_global_norm_summary = clip_summary
     tf.train.AdagradOptimizer.apply_gradients = apply_gradients
     tf.Session.run = run
-    tf.ConfigProto = single_threaded
 
     random.seed(0)
     tf.reset_default_graph()
@@ -163,9 +153,7 @@ def main(job_file, out_file, meta_file):
             "summary": summary,
         }
     assert len(summary) == 4, f"train() ran {len(summary)} steps, not 4"
-    np.savez(out_file, **out)
-    with open(meta_file, "w") as f:
-        json.dump(meta, f)
+    hand_back(out, out_file, meta, meta_file)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ they compute (tests/fixtures/README.md says what each file holds).
 
     python -m tests.reference.make [--out=tests/fixtures] [--check]
 
---check makes them in a scratch folder and compares them with `--out` byte for byte, exiting 1
+Everything is made in a scratch folder beside `--out` first; only when all of it is made are
+`--out`'s folders (MADE) replaced by the new ones, so a failure leaves them as they were.
+--check makes them the same way and compares them with `--out` byte for byte instead, exiting 1
 where any file differs (a rerun writes the same bytes). The first run builds the environments
 (minutes, cached under ELMO_JAX_REFERENCE_ENVS, default ~/.cache/elmo_jax/reference-envs).
 """
@@ -13,10 +15,12 @@ where any file differs (a rerun writes the same bytes). The first run builds the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.reference import allennlp, bilm_tf
@@ -26,10 +30,30 @@ FIXTURES = HERE.parent / "fixtures"
 MADE = ("elmo", "bilm-tf", "bilm_tf_training", "allennlp")  # the folders of `out` this writes
 
 
+@contextlib.contextmanager
+def built(out: Path) -> Iterator[Path]:
+    """Makes MADE's folders in a scratch folder beside `out` (same file system: they move in by
+    renaming) and yields it; the scratch folder is removed afterwards, whatever happened."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-making-", dir=out.parent) as scratch:
+        made = Path(scratch) / "made"
+        made.mkdir()
+        bilm_tf.make(made)
+        allennlp.make(made / "elmo", made)
+        yield made
+
+
 def make(out: Path) -> None:
-    """Writes MADE's folders under `out` (each replaced whole)."""
-    bilm_tf.make(out)
-    allennlp.make(out / "elmo", out)
+    """Replaces MADE's folders under `out` with ones made afresh, once all are made."""
+    with built(out) as made:
+        out.mkdir(exist_ok=True)
+        old = made.parent / "old"
+        old.mkdir()
+        for name in MADE:
+            if (out / name).exists():
+                (out / name).rename(old / name)
+            (made / name).rename(out / name)
+    print(f"written to {out}", flush=True)
 
 
 def files(folder: Path) -> dict[str, str]:
@@ -44,13 +68,11 @@ def files(folder: Path) -> dict[str, str]:
 
 def check(out: Path) -> int:
     """Makes the fixtures again in a scratch folder; 0 if every file equals out's, else 1."""
-    with tempfile.TemporaryDirectory(prefix="elmo-jax-fixtures-") as scratch:
-        again = Path(scratch)
-        make(again)
-        want, got = files(out), files(again)
-        differ = sorted(name for name in want.keys() | got.keys() if want.get(name) != got.get(name))
-        for name in differ:
-            print(f"differs: {name}", file=sys.stderr)
+    with built(out) as made:
+        want, got = files(out), files(made)
+    differ = sorted(name for name in want.keys() | got.keys() if want.get(name) != got.get(name))
+    for name in differ:
+        print(f"differs: {name}", file=sys.stderr)
     print(
         f"{len(want)} files, {sum((out / n).stat().st_size for n in want):,} bytes: "
         + ("same" if not differ else f"{len(differ)} differ")
@@ -64,7 +86,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="make them again elsewhere and compare, byte for byte")
     args = parser.parse_args()
     start = time.time()
-    status = check(args.out) if args.check else (make(args.out) or 0)
+    out = args.out.resolve()
+    status = check(out) if args.check else (make(out) or 0)
     print(f"{time.time() - start:.0f} s")
     return status
 
