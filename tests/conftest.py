@@ -47,16 +47,30 @@ EXTRA_FIXTURES = Path(os.environ.get("ELMO_JAX_FIXTURES", ROOT.parent / "shared"
 FIXTURE_FILES = ("elmo/options.json", "bilm-tf/model/options.json", "bilm_tf_training/fixture.hdf5")  # a set has all
 
 
+def _extra_set() -> Path | None:
+    """The extra fixture set, None where there is none: a folder that ELMO_JAX_FIXTURES names
+    (or, not set, one beside the checkout) must hold FIXTURE_FILES, and must exist where it is
+    named or required."""
+    named, required = "ELMO_JAX_FIXTURES" in os.environ, os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1"
+    missing = [name for name in FIXTURE_FILES if not (EXTRA_FIXTURES / name).is_file()]
+    if not missing:
+        return EXTRA_FIXTURES
+    if len(missing) == len(FIXTURE_FILES) and not (named or required):
+        return None
+    why = "ELMO_JAX_REQUIRE_FIXTURES=1 needs one" if required and not named else "ELMO_JAX_FIXTURES names it"
+    raise pytest.UsageError(f"no extra fixture set at {EXTRA_FIXTURES} ({why}): it lacks {', '.join(missing)}")
+
+
+def pytest_configure(config):
+    config.extra_fixture_set = _extra_set()  # a UsageError is one line, before any test
+
+
 def pytest_generate_tests(metafunc):
     """`fixture_set`: the project's fixtures and the extra set where there is one."""
     if "fixture_set" not in metafunc.fixturenames:
         return
-    sets = {"project": PROJECT_FIXTURES}
-    missing = [name for name in FIXTURE_FILES if not (EXTRA_FIXTURES / name).is_file()]
-    if len(missing) < len(FIXTURE_FILES) or os.environ.get("ELMO_JAX_REQUIRE_FIXTURES") == "1":
-        if missing:
-            raise pytest.UsageError(f"extra fixtures at {EXTRA_FIXTURES} lack {', '.join(missing)} (ELMO_JAX_FIXTURES)")
-        sets["extra"] = EXTRA_FIXTURES
+    extra = metafunc.config.extra_fixture_set
+    sets = {"project": PROJECT_FIXTURES, **({"extra": extra} if extra else {})}
     metafunc.parametrize("fixture_set", list(sets.values()), ids=list(sets), scope="session")
 
 

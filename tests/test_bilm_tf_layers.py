@@ -1,6 +1,6 @@
 """bilm-tf's inner workings on the project's two fixture models (tests/fixtures/elmo with skip
 connections, tests/fixtures/bilm-tf/model without; random weights, written by
-tests/reference/bilm_tf.py): for the 10 stateful batches of 3 sentences, bilm-tf's Batcher
+tests/reference/bilm_tf.py): for the stateful batches of 3 sentences, bilm-tf's Batcher
 char ids, its token layer, every LSTM layer's output in both directions, every layer's final
 (c, h) state in both directions (the graph's state variables, which the next batch starts from)
 and bilm.elmo.weight_layers' mixes (assigned scalar weights and gamma; with and without layer
@@ -57,14 +57,14 @@ def biLM(config: ModelConfig):
 
 
 def run_batches(folder: Path, sentences_file: str, stateful: bool = True) -> tuple[ModelConfig, list[dict]]:
-    """Our biLM on the 10 batches (batch i = the i-th sentence of each list), one stateful model
+    """Our biLM on the batches (batch i = the i-th sentence of each list), one stateful model
     (or, with stateful=False, a zero state before each batch)."""
     config = ModelConfig.load(folder / "options.json")
     params = load_weights(folder / "lm_weights.hdf5", config)
     sentences = json.loads((folder / sentences_file).read_text())
     state = LSTMState.zeros(config, 3)
     batches = []
-    for i in range(10):
+    for i in range(len(sentences[0])):
         chars = sentence_chars([sentences[k][i] for k in range(3)])
         layers, mask, state = biLM(config)(params, chars, state if stateful else LSTMState.zeros(config, 3))
         lengths = [len(sentences[k][i].split()) for k in range(3)]
@@ -152,12 +152,14 @@ def test_weight_layers_match_bilm_tf(model):
 def test_the_clips_fire(model):
     """The recorded numbers show both clips at work: projected outputs of exactly +-proj_clip
     (layer 0's, which have no skip connection added) and final cells of exactly +-cell_clip."""
-    _, config, _, recorded = model
-    h = np.concatenate([recorded[f"batch_{i}/lstm/{d}/layer_0"][...].ravel() for i in range(10) for d in DIRECTIONS])
+    _, config, batches, recorded = model
+    h = np.concatenate(
+        [recorded[f"batch_{i}/lstm/{d}/layer_0"][...].ravel() for i in range(len(batches)) for d in DIRECTIONS]
+    )
     c = np.concatenate(
         [
             recorded[f"batch_{i}/final_state/{d}/layer_{l}/c"][...].ravel()
-            for i in range(10)
+            for i in range(len(batches))
             for d in DIRECTIONS
             for l in range(config.lstm.n_layers)
         ]

@@ -36,7 +36,7 @@ def test_stateful_top_layer_matches_tensorflow(fixture_set, case):
     state = LSTMState.zeros(config, 3)
     P = config.lstm.projection_dim
     expected = [h5py.File(folder / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
-    for i in range(10):  # batch i = the i-th sentence of each of the 3 lists, ONE stateful model
+    for i in range(len(sentences[0])):  # batch i = the i-th sentence of each of the 3 lists, ONE stateful model
         chars, lengths = batch_chars([sentences[k][i] for k in range(3)])
         layers, _, state = run(params, chars, state)
         for k in range(3):

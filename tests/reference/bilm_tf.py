@@ -47,7 +47,8 @@ OPTIONS = {
 # Where the weights come from: a numpy Generator seeded by model (and the mixes' scalars).
 MODELS = {"elmo": (True, 20261, "sentences.json"), "bilm-tf/model": (False, 20262, "lm_embeddings_sentences.json")}
 
-# 3 lists of 10 sentences; batch i = [SENTENCES[0][i], SENTENCES[1][i], SENTENCES[2][i]] (so each
+# 3 lists of as many sentences (10: add one to each list at once, or replace one); batch i =
+# [SENTENCES[0][i], SENTENCES[1][i], SENTENCES[2][i]] (so each
 # batch mixes very different lengths). Awkward on purpose: one word, an empty sentence (bilm-tf's
 # Batcher gives it <S> </S> only: 0 output positions, but the LSTM still runs over the two
 # boundaries and carries that state on), words longer than 48 bytes (cut; one cut in the middle of
@@ -95,6 +96,9 @@ SENTENCES = [
         "end .",
     ],
 ]
+BATCHES = len(SENTENCES[0])
+if len(SENTENCES) != 3 or any(len(sentences) != BATCHES for sentences in SENTENCES):
+    raise ValueError("SENTENCES: 3 lists of as many sentences (batch i takes the i-th of each)")
 
 
 def _quantized(rng: np.random.Generator, shape: tuple[int, ...], scale: float, mean: float = 0.0) -> np.ndarray:
@@ -104,7 +108,7 @@ def _quantized(rng: np.random.Generator, shape: tuple[int, ...], scale: float, m
 
 
 def random_weights(options: dict, seed: int) -> dict[str, np.ndarray]:
-    """Weights in bilm-tf's HDF5 layout (ELMO_SPEC.md section 3), scaled so that the token
+    """Weights in bilm-tf's HDF5 layout (docs/WEIGHTS.md), scaled so that the token
     vectors are of order 1 and the LSTMs' cell clip and projection clip both fire at a visible
     fraction of positions (the generator prints the fractions; the biases are non-zero)."""
     rng = np.random.default_rng(seed)
@@ -198,7 +202,9 @@ def make_models(out: Path, work: Path) -> dict:
         got = load_npz(work / "out.npz")
         stats[name] = json.loads((work / "stats.json").read_text())
         for k in range(3):
-            write_hdf5(folder / f"lm_embeddings_{k}.hdf5", {str(i): got[f"lm_embeddings/{k}/{i}"] for i in range(10)})
+            write_hdf5(
+                folder / f"lm_embeddings_{k}.hdf5", {str(i): got[f"lm_embeddings/{k}/{i}"] for i in range(BATCHES)}
+            )
         write_hdf5(folder / "elmo_token_embeddings.hdf5", {"embedding": got["token_embeddings"]})
         layers = {key[len("layers/") :]: value for key, value in got.items() if key.startswith("layers/")}
         layer_attrs: dict[str, dict[str, object]] = {}
@@ -217,7 +223,7 @@ def make_models(out: Path, work: Path) -> dict:
                 "description": LAYERS_DESCRIPTION,
                 "bilm_version": BILM_VERSION,
                 "tensorflow_version": TENSORFLOW_VERSION,
-                "n_batches": 10,
+                "n_batches": BATCHES,
             },
         )
     return stats
@@ -225,7 +231,7 @@ def make_models(out: Path, work: Path) -> dict:
 
 LAYERS_DESCRIPTION = (
     "Everything bilm-tf's BidirectionalLanguageModel (max_batch_size 4, stateful) computed for the "
-    "10 batches of 3 sentences of sentences.json (batch i = sentences[0][i], [1][i], [2][i]). "
+    "batches of 3 sentences of sentences.json (batch i = sentences[0][i], [1][i], [2][i]). "
     "batch_i/char_ids (3, T, 50): the Batcher's ids (+1 shifted, <S>/</S> added, 0 = padding); "
     "batch_i/token_layer (3, T, P): the char-CNN token vectors (padded positions hold the CNN of an "
     "all-zero token, not 0); batch_i/lstm/{forward,backward}/layer_l (3, T, P): each LSTM layer's "

@@ -3,8 +3,8 @@ never imported by the project: one inference model through bilm-tf's own code.
 
     python bilm_tf_inference.py JOB.json OUT.npz STATS.json
 
-JOB names options_file, weight_file, vocab_file, sentences_file (3 lists of 10 sentences) and
-mixes ({name: {use_top_only, do_layer_norm, W, gamma}}). The 10 batches (batch i = the i-th
+JOB names options_file, weight_file, vocab_file, sentences_file (3 lists of as many sentences) and
+mixes ({name: {use_top_only, do_layer_norm, W, gamma}}). The batches (batch i = the i-th
 sentence of each list, Batcher-encoded) go through ONE BidirectionalLanguageModel
 (max_batch_size 4, stateful, as bilm-tf's tests/test_model.py runs it); each batch's run also
 evaluates bilm.elmo.weight_layers for each mix (W and gamma assigned). Then
@@ -138,7 +138,7 @@ def main(job_file, out_file, stats_file):
                 "final": graph.lstm_final_states,
                 "mixes": mixes,
             }
-            for i in range(10):
+            for i in range(len(sentences[0])):
                 batch = [sentences[k][i].split() for k in range(3)]
                 char_ids = batcher.batch_sentences(batch)
                 lengths = [len(s) + 2 for s in batch]

@@ -73,10 +73,8 @@ def check(out: Path) -> int:
     differ = sorted(name for name in want.keys() | got.keys() if want.get(name) != got.get(name))
     for name in differ:
         print(f"differs: {name}", file=sys.stderr)
-    print(
-        f"{len(want)} files, {sum((out / n).stat().st_size for n in want):,} bytes: "
-        + ("same" if not differ else f"{len(differ)} differ")
-    )
+    size = sum((out / n).stat().st_size for n in want)
+    print(f"fixtures-check: {len(want)} files, {size:,} bytes: " + ("same" if not differ else f"{len(differ)} differ"))
     return 1 if differ else 0
 
 
@@ -88,7 +86,7 @@ def main() -> int:
     start = time.time()
     out = args.out.resolve()
     status = check(out) if args.check else (make(out) or 0)
-    print(f"{time.time() - start:.0f} s")
+    print(f"took {time.time() - start:.0f} s")
     return status
 
 

@@ -127,6 +127,13 @@ class SideEnv:
                 shutil.rmtree(sibling)
 
     def run(self, *args: str | os.PathLike, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
-        """Runs this venv's Python with `args` (a script and its arguments) with RUN_SETTINGS."""
+        """Runs this venv's Python with `args` (a script and its arguments) with RUN_SETTINGS; its
+        output (the reference code's notices) is shown only if it fails."""
         settings = {**os.environ, **RUN_SETTINGS, **(env or {})}
-        subprocess.run([str(self.python_exe()), *map(str, args)], check=True, cwd=cwd, env=settings)
+        command = [str(self.python_exe()), *map(str, args)]
+        done = subprocess.run(
+            command, cwd=cwd, env=settings, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        if done.returncode != 0:
+            print(done.stdout[-20000:], file=sys.stderr)
+            raise subprocess.CalledProcessError(done.returncode, command)
