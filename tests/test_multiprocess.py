@@ -113,7 +113,10 @@ def test_sigterm_to_one_process_saves_the_same_step_in_all(tmp_path, text_data):
     procs = start_processes(train_args(text_data, tmp_path, 100_000), 2, 2)
     deadline = time.monotonic() + 120
     while not any(p.name.isdigit() for p in (tmp_path / "checkpoints").glob("*")):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no checkpoint appeared"
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            pytest.fail(f"no checkpoint appeared; the processes said: {[p.communicate()[0][-3000:] for p in procs]}")
         time.sleep(0.1)
     procs[1].send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=120)[0] for p in procs]
