@@ -1,7 +1,7 @@
-"""Makes the project's fixtures, tests/fixtures: runs bilm-tf (TensorFlow) and AllenNLP
-(PyTorch), each in a side environment of its own built from the package registry
-(tests/reference/side_env.py), on small models with seeded random weights, and records what
-they compute (tests/fixtures/README.md says what each file holds).
+"""Makes the project's fixtures, tests/fixtures: runs bilm-tf (TensorFlow), AllenNLP (PyTorch)
+and ELMoForManyLangs (PyTorch), each in a side environment of its own built from the package
+registry (tests/reference/side_env.py), on small models with seeded random weights, and records
+what they compute (tests/fixtures/README.md says what each file holds).
 
     python -m tests.reference.make [--out=tests/fixtures] [--check]
 
@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.reference import allennlp, bilm_tf
+from tests.reference import allennlp, bilm_tf, efml
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
-MADE = ("elmo", "bilm-tf", "bilm_tf_training", "allennlp")  # the folders of `out` this writes
+MADE = ("elmo", "bilm-tf", "bilm_tf_training", "allennlp", "efml", "torch_state")  # the folders of `out` this writes
 
 
 @contextlib.contextmanager
@@ -40,6 +40,8 @@ def built(out: Path) -> Iterator[Path]:
         made.mkdir()
         bilm_tf.make(made)
         allennlp.make(made / "elmo", made)
+        efml.make(made)
+        efml.ENV.run(HERE / "torch_state_files.py", made / "torch_state")  # torch's own files, in its environment
         yield made
 
 

@@ -1,0 +1,340 @@
+"""PyTorch state dict files (`torch.save(module.state_dict(), f)`) -> {name: numpy array}, without
+torch and without unpickling anything but tensors.
+
+Two formats:
+
+- zip (PyTorch >= 1.6): an archive whose entries share one top folder `<name>/`: `data.pkl`, the
+  pickled dict, in which a tensor's storage is the persistent id `('storage', storage_type, key,
+  location, numel)`; `data/<key>`, that storage's bytes; `byteorder` ("little" or "big"; absent:
+  little); `version` and others, not needed.
+- legacy (PyTorch 0.4 - 1.5, and `_use_new_zipfile_serialization=False`): consecutive pickles: the
+  magic number, the protocol version (1001), a sys_info dict, the pickled dict (persistent ids
+  `('storage', storage_type, root_key, location, numel, view_metadata)`, view_metadata None or
+  `(view_key, offset, view_numel)`: a slice of the root storage), the sorted list of the root
+  keys; then, for each key in that order, its element count (int64) and its bytes, little-endian.
+
+In both, a tensor is `torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride,
+requires_grad, backward_hooks[, metadata])` (`_rebuild_tensor(storage, storage_offset, size,
+stride)` before PyTorch 0.4), a parameter `torch._utils._rebuild_parameter(tensor, requires_grad,
+backward_hooks)`. The unpickler resolves those names, `collections.OrderedDict` and the storage
+types only, to stand-ins of this module that call nothing: any other name is refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NoReturn, TypeGuard
+
+import ml_dtypes
+import numpy as np
+
+from elmo_jax.errors import MissingFile, UserError
+
+MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
+PROTOCOL_VERSION = 1001
+NOT_TENSORS = "not a PyTorch state dict of tensors"
+
+_STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
+    "FloatStorage": np.dtype(np.float32),
+    "DoubleStorage": np.dtype(np.float64),
+    "HalfStorage": np.dtype(np.float16),
+    "BFloat16Storage": np.dtype(ml_dtypes.bfloat16),
+    "LongStorage": np.dtype(np.int64),
+    "IntStorage": np.dtype(np.int32),
+    "ShortStorage": np.dtype(np.int16),
+    "CharStorage": np.dtype(np.int8),
+    "ByteStorage": np.dtype(np.uint8),
+    "BoolStorage": np.dtype(np.bool_),
+}
+
+
+class _Bad(Exception):
+    """A fault in the file; load_state_dict adds the file's name and raises a UserError."""
+
+
+class _StandIn:
+    """What the unpickler gets instead of a torch name: its state cannot be set (BUILD)."""
+
+    def __setstate__(self, state: object) -> NoReturn:
+        raise _Bad(f"{NOT_TENSORS}: it sets the state of {self.what}")
+
+    @property
+    def what(self) -> str:
+        return f"a {type(self).__name__.strip('_').lower()}"
+
+
+@dataclass(frozen=True, eq=False)
+class _StorageType(_StandIn):
+    name: str
+    dtype: np.dtype[Any]
+
+    @property
+    def what(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class _Storage(_StandIn):
+    """A persistent id: elements [start, start + numel) of the root storage `key`."""
+
+    key: str
+    dtype: np.dtype[Any]
+    start: int
+    numel: int
+
+
+@dataclass(frozen=True, eq=False)
+class _Tensor(_StandIn):
+    storage: _Storage
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_tuple(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, tuple | list) or not all(_is_int(v) and v >= 0 for v in value):
+        raise _Bad(f"a tensor's {what} is {value!r}, not a tuple of counts")
+    return tuple(value)
+
+
+def _tensor(storage: object, offset: object, size: object, stride: object) -> _Tensor:
+    if not isinstance(storage, _Storage):
+        raise _Bad(f"{NOT_TENSORS}: a tensor is built on a {type(storage).__name__}, not a storage")
+    if not (_is_int(offset) and offset >= 0):
+        raise _Bad(f"a tensor's storage offset is {offset!r}")
+    shape, strides = _int_tuple(size, "size"), _int_tuple(stride, "stride")
+    if len(shape) != len(strides):
+        raise _Bad(f"a tensor has size {shape} but stride {strides}")
+    return _Tensor(storage, offset, shape, strides)
+
+
+class _Function(_StandIn):
+    """A torch function the pickle may call, by the name it uses."""
+
+    def __init__(self, name: str, arities: tuple[int, ...]):
+        self.name, self.arities = name, arities
+
+    def __repr__(self) -> str:
+        return self.name
+
+    @property
+    def what(self) -> str:
+        return self.name
+
+    def __call__(self, *args: object) -> _Tensor:
+        if len(args) not in self.arities:
+            raise _Bad(f"{self.name} called with {len(args)} arguments")
+        if self.name.endswith("_rebuild_parameter"):
+            if not isinstance(args[0], _Tensor):
+                raise _Bad(f"{NOT_TENSORS}: a parameter holds a {type(args[0]).__name__}")
+            return args[0]
+        if len(args) == 7 and args[6]:  # conj / neg bits
+            raise _Bad(f"a tensor has metadata {args[6]!r}, which is not supported")
+        return _tensor(*args[:4])
+
+
+def _allowed_names() -> dict[str, object]:
+    names: dict[str, object] = {"collections.OrderedDict": collections.OrderedDict}
+    for name, arities in (("_rebuild_tensor_v2", (6, 7)), ("_rebuild_tensor", (4,)), ("_rebuild_parameter", (3,))):
+        names[f"torch._utils.{name}"] = _Function(f"torch._utils.{name}", arities)
+    for module in ("torch", "torch.cuda"):
+        for name, dtype in _STORAGE_DTYPES.items():
+            names[f"{module}.{name}"] = _StorageType(f"{module}.{name}", dtype)
+    return names
+
+
+ALLOWED = _allowed_names()
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves the names in `allowed` only (to stand-ins), and persistent ids through `storage`."""
+
+    def __init__(self, file: IO[bytes], allowed: dict[str, object], storage: _StorageIds | None = None):
+        super().__init__(file, encoding="utf-8")
+        self.allowed, self.storage = allowed, storage
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self.allowed.get(f"{module}.{name}")
+        if found is None:
+            raise _Bad(f"{NOT_TENSORS}: it refers to {module}.{name}")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        if self.storage is None:
+            raise _Bad(f"{NOT_TENSORS}: an unexpected persistent id {pid!r:.100}")
+        return self.storage.load(pid)
+
+
+def _unpickle(file: IO[bytes], allowed: dict[str, object], storage: _StorageIds | None = None) -> Any:
+    try:
+        return _Unpickler(file, allowed, storage).load()
+    except _Bad:
+        raise
+    except Exception as e:  # the pickle machine's own: corrupt or truncated data
+        raise _Bad(f"not a PyTorch file, or a truncated or damaged one (its pickle: {type(e).__name__}: {e})") from None
+
+
+class _StorageIds:
+    """The storages a pickle's persistent ids name: key -> (dtype, numel), the same at each use."""
+
+    def __init__(self, legacy: bool):
+        self.legacy = legacy
+        self.roots: dict[str, tuple[np.dtype[Any], int]] = {}
+
+    def load(self, pid: Any) -> _Storage:
+        fields = 6 if self.legacy else 5
+        if not (isinstance(pid, tuple) and len(pid) == fields and pid[0] in ("storage", b"storage")):
+            raise _Bad(f"{NOT_TENSORS}: an unexpected persistent id {pid!r:.100}")
+        storage_type, key, numel = pid[1], pid[2], pid[4]
+        if not isinstance(storage_type, _StorageType):
+            raise _Bad(f"{NOT_TENSORS}: a storage of type {storage_type!r:.100}")
+        if not (isinstance(key, str) and _is_int(numel) and numel >= 0):
+            raise _Bad(f"a storage id {pid!r:.100} is not (key, ..., element count)")
+        seen = self.roots.setdefault(key, (storage_type.dtype, numel))
+        if seen != (storage_type.dtype, numel):
+            raise _Bad(f"storage {key} is both {seen[1]} x {seen[0]} and {numel} x {storage_type.dtype}")
+        view = pid[5] if self.legacy else None
+        if view is None:
+            return _Storage(key, storage_type.dtype, 0, numel)
+        if not (isinstance(view, tuple) and len(view) == 3 and _is_int(view[1]) and _is_int(view[2])):
+            raise _Bad(f"storage {key} has a view {view!r:.100}, not (key, offset, size)")
+        _, start, count = view
+        if not (0 <= start and 0 <= count and start + count <= numel):
+            raise _Bad(f"a view of storage {key} is elements [{start}, {start + count}) of {numel}")
+        return _Storage(key, storage_type.dtype, start, count)
+
+
+def _array(name: str, tensor: _Tensor, root: np.ndarray) -> np.ndarray:
+    """The tensor as a new C-contiguous array in native byte order, its bounds checked first."""
+    storage, native = tensor.storage, tensor.storage.dtype.newbyteorder("=")
+    if 0 in tensor.size:
+        return np.zeros(tensor.size, native)
+    extent = tensor.offset + sum((n - 1) * s for n, s in zip(tensor.size, tensor.stride)) + 1
+    if extent > storage.numel:
+        raise _Bad(
+            f"tensor {name!r} (size {tensor.size}, stride {tensor.stride}, offset {tensor.offset}) "
+            f"reaches element {extent} of a storage of {storage.numel}"
+        )
+    base = root[storage.start + tensor.offset :]
+    strides = tuple(s * base.itemsize for s in tensor.stride)
+    try:
+        view = np.lib.stride_tricks.as_strided(base, tensor.size, strides, writeable=False)
+        return view.astype(native, order="C", copy=True)
+    except (ValueError, MemoryError) as e:  # a size no array can have (stride 0 reads no storage)
+        raise _Bad(f"tensor {name!r} has size {tensor.size}: {type(e).__name__}: {e}") from None
+
+
+def _state_dict(result: object) -> dict[str, _Tensor]:
+    if not isinstance(result, dict):
+        raise _Bad(f"{NOT_TENSORS}: it holds a value of type {type(result).__name__}, not a dict")
+    for name, value in result.items():
+        if not isinstance(name, str):
+            raise _Bad(f"{NOT_TENSORS}: a key {name!r:.100} is not a string")
+        if not isinstance(value, _Tensor):
+            raise _Bad(f"{NOT_TENSORS}: {name!r} holds a value of type {type(value).__name__}, not a tensor")
+    return dict(result)
+
+
+def _read_zip(file: IO[bytes]) -> dict[str, np.ndarray]:
+    with zipfile.ZipFile(file) as archive:
+        names = {info.filename: info for info in archive.infolist()}
+        pickles = [n for n in names if n.count("/") == 1 and n.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            raise _Bad(f"a zip archive with {len(pickles)} <name>/data.pkl records, not one: not a torch.save file")
+        folder = pickles[0].removesuffix("data.pkl")
+        byteorder = archive.read(folder + "byteorder") if folder + "byteorder" in names else b"little"
+        if byteorder not in (b"little", b"big"):
+            raise _Bad(f"unknown byte order {byteorder!r:.40}")
+        ids = _StorageIds(legacy=False)
+        tensors = _state_dict(_unpickle(io.BytesIO(archive.read(pickles[0])), ALLOWED, ids))
+        roots: dict[str, np.ndarray] = {}
+        arrays = {}
+        for name, tensor in tensors.items():
+            key = tensor.storage.key
+            if key not in roots:
+                dtype, numel = ids.roots[key]
+                record = f"{folder}data/{key}"
+                if record not in names:
+                    raise _Bad(f"tensor {name!r}: its storage {record} is not in the archive")
+                if names[record].file_size != numel * dtype.itemsize:
+                    size = names[record].file_size
+                    raise _Bad(f"{record} holds {size} bytes, not {numel} x {dtype} ({numel * dtype.itemsize})")
+                stored = dtype.newbyteorder(">" if byteorder == b"big" else "<")
+                roots[key] = np.frombuffer(archive.read(record), stored)
+            arrays[name] = _array(name, tensor, roots[key])
+        return arrays
+
+
+def _read_legacy(file: IO[bytes], size: int) -> dict[str, np.ndarray]:
+    if _unpickle(file, {}) != MAGIC_NUMBER:
+        raise _Bad("not a PyTorch file (neither a zip archive nor the legacy format's magic number)")
+    version = _unpickle(file, {})
+    if version != PROTOCOL_VERSION:
+        raise _Bad(f"legacy PyTorch protocol version {version!r:.40}, not {PROTOCOL_VERSION}")
+    sys_info = _unpickle(file, {})
+    if not isinstance(sys_info, dict):
+        raise _Bad(f"the legacy format's sys_info is {sys_info!r:.60}, not a dict")
+    if sys_info.get("little_endian") is not True:
+        raise _Bad(f"written on a big-endian machine (sys_info {sys_info!r:.60}), which is not supported")
+    ids = _StorageIds(legacy=True)
+    tensors = _state_dict(_unpickle(file, ALLOWED, ids))
+    keys = _unpickle(file, {})
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys) and len(set(keys)) == len(keys)):
+        raise _Bad(f"the storage keys are {keys!r:.100}, not a list of distinct strings")
+    listed = set(keys)
+    for name, tensor in tensors.items():
+        if tensor.storage.key not in listed:
+            raise _Bad(f"tensor {name!r}: its storage {tensor.storage.key} is not in the file")
+    roots = {key: _read_storage(file, key, size, *ids.roots.get(key, (None, 0))) for key in keys}
+    return {name: _array(name, tensor, roots[tensor.storage.key]) for name, tensor in tensors.items()}
+
+
+def _read_storage(file: IO[bytes], key: str, size: int, dtype: np.dtype[Any] | None, numel: int) -> np.ndarray:
+    """One storage of the legacy format: int64 element count, then the elements."""
+    if dtype is None:
+        raise _Bad(f"storage {key} is in the file but no tensor refers to it")
+    count = file.read(8)
+    if len(count) < 8:
+        raise _Bad(f"truncated: storage {key} is missing")
+    (found,) = struct.unpack("<q", count)
+    if found != numel:
+        raise _Bad(f"storage {key} holds {found} elements, its tensors {numel}")
+    nbytes = numel * dtype.itemsize
+    if size - file.tell() < nbytes:
+        raise _Bad(f"truncated: storage {key} needs {nbytes} bytes, {size - file.tell()} are left")
+    return np.frombuffer(file.read(nbytes), dtype.newbyteorder("<"))
+
+
+def load_state_dict(path: str | Path) -> dict[str, np.ndarray]:
+    """The tensors of a file `torch.save(module.state_dict(), path)` wrote (zip or legacy format),
+    by name, in the file's order: C-contiguous arrays of their dtype (bfloat16: ml_dtypes') and
+    shape. A fault in the file, or anything but a dict of tensors in it, is a one-line UserError."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingFile(f"PyTorch state dict not found: {path}")
+    if not path.is_file():
+        raise UserError(f"{path}: not a file (a PyTorch state dict is one)")
+    try:
+        with path.open("rb") as file:
+            if file.read(4) == b"PK\x03\x04":
+                file.seek(0)
+                return _read_zip(file)
+            file.seek(0)
+            return _read_legacy(file, os.fstat(file.fileno()).st_size)
+    except _Bad as e:
+        raise UserError(f"{path}: {e}") from None
+    except zipfile.BadZipFile as e:
+        raise UserError(f"{path}: a damaged zip archive ({e})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e})") from None
