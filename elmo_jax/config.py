@@ -2,6 +2,9 @@
 
 `ModelConfig` is what the model functions read; it converts to and from the options.json dict
 (`lstm`, `char_cnn`) that bilm-tf and AllenNLP use, so a model trained here exports as-is.
+ELMoForManyLangs' models (elmo_jax/interop/efml.py) add two fields that bilm-tf's lack:
+`token_ids` "dictionary" (characters numbered by the model's own char.dic, not UTF-8 bytes) and
+`word_embedding` (a word vector beside the char CNN's).
 Training settings live in elmo_jax/settings.py, experiments in `experiments/*.py`.
 """
 
@@ -17,6 +20,9 @@ from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.settings import BOOL, POSITIVE, ComputeSettings, Rule, count, names, one_of, rule
 
 ACTIVATIONS = ("relu", "tanh")
+# How a token becomes ids: "bytes", bilm-tf's (its UTF-8 bytes and 5 special characters, 262 rows),
+# or "dictionary", ELMoForManyLangs' (characters and words numbered by the model's own files).
+TOKEN_IDS = ("bytes", "dictionary")
 # Rows of the character embedding: the +1-shifted char ids 1..261 and a zero row 0 for padded
 # slots (docs/MODEL.md section 2). bilm-tf's training files say 261 (the same rows without row 0).
 N_CHARACTERS = 262
@@ -57,13 +63,31 @@ class CharCNNConfig:
         return sum(count for _, count in self.filters)
 
 
+@dataclasses.dataclass(frozen=True)
+class WordEmbeddingConfig:
+    """`options.json["word_embedding"]` (ELMoForManyLangs' `word_dim`): a table of n_words rows
+    (row 0 for padded slots, zero) of `dim` values, each token's row put before its char CNN
+    vector in the projection's input."""
+
+    n_words: int
+    dim: int
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig(ComputeSettings):
-    """The model's options (keywords `lstm`, `char_cnn`), plus how it computes: the fields of
-    `ComputeSettings`, declared there with what they may be (not part of options.json)."""
+    """The model's options (keywords `lstm`, `char_cnn`, and for ELMoForManyLangs' models
+    `token_ids`, `word_embedding`), plus how it computes: the fields of `ComputeSettings`,
+    declared there with what they may be (not part of options.json)."""
 
     lstm: LSTMConfig
     char_cnn: CharCNNConfig
+    token_ids: str = "bytes"
+    word_embedding: WordEmbeddingConfig | None = None
+
+    @property
+    def token_width(self) -> int:
+        """Ids per token: its characters', after its word id where there is a word embedding."""
+        return self.char_cnn.max_characters_per_token + (self.word_embedding is not None)
 
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> ModelConfig:
@@ -74,6 +98,12 @@ class ModelConfig(ComputeSettings):
         row and rows 1..261 are its rows."""
         read = _Reader(options, source)
         filters = read.value("char_cnn.filters", FILTERS)
+        token_ids = read.value("token_ids", one_of(TOKEN_IDS)) if "token_ids" in options else "bytes"
+        words = None
+        if "word_embedding" in options:
+            n_words, dim = read.value("word_embedding.n_words", count(2)), read.value("word_embedding.dim", count(1))
+            words = WordEmbeddingConfig(n_words, dim)
+        n_characters = read.value("char_cnn.n_characters", Rule(lambda v: True, "present"))
         config = cls(
             lstm=LSTMConfig(
                 dim=read.value("lstm.dim", count(1)),
@@ -87,12 +117,12 @@ class ModelConfig(ComputeSettings):
                 embedding_dim=read.value("char_cnn.embedding.dim", count(1)),
                 filters=tuple((w, n) for w, n in filters),
                 n_highway=read.value("char_cnn.n_highway", count(0)),
-                n_characters=_n_characters(
-                    read.value("char_cnn.n_characters", Rule(lambda v: True, "present")), source
-                ),
+                n_characters=_n_characters(n_characters, source) if token_ids == "bytes" else n_characters,
                 max_characters_per_token=read.value("char_cnn.max_characters_per_token", count(1)),
                 activation=read.value("char_cnn.activation", one_of(ACTIVATIONS)),
             ),
+            token_ids=token_ids,
+            word_embedding=words,
         )
         config.validate(source)
         return config
@@ -112,12 +142,23 @@ class ModelConfig(ComputeSettings):
             raise UserError(
                 f"{source}: lstm_cell 'pallas' is the wavefront's: it needs lstm_schedule 'wavefront' and 2+ layers"
             )
-        if self.char_cnn.n_characters != N_CHARACTERS:
-            raise UserError(f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}")
+        if self.token_ids == "bytes":
+            if self.char_cnn.n_characters != N_CHARACTERS:
+                raise UserError(
+                    f"{source}: char_cnn.n_characters must be {N_CHARACTERS}, got {self.char_cnn.n_characters}"
+                )
+            if self.word_embedding is not None:
+                raise UserError(f"{source}: a word_embedding needs token_ids 'dictionary' (its words' ids)")
+        elif not count(2).ok(n := self.char_cnn.n_characters):
+            raise UserError(f"{source}: char_cnn.n_characters must be an integer >= 2, not {n}")
 
     def to_options(self) -> dict[str, Any]:
-        """The options.json dict (model part) in bilm-tf's layout."""
-        return {
+        """The options.json dict (model part) in bilm-tf's layout, plus `token_ids` and
+        `word_embedding` where they are not bilm-tf's."""
+        extra: dict[str, Any] = {} if self.token_ids == "bytes" else {"token_ids": self.token_ids}
+        if self.word_embedding is not None:
+            extra["word_embedding"] = dataclasses.asdict(self.word_embedding)
+        return extra | {
             "lstm": {
                 "dim": self.lstm.dim,
                 "projection_dim": self.lstm.projection_dim,

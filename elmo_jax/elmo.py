@@ -33,7 +33,7 @@ from elmo_jax.model.bilm import bilm_layers
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.scalar_mix import Frozen, ScalarMix
 from elmo_jax.model_io import Model, load_model
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, TokenIds, sentence_ids, token_char_ids
 
 
 class Elmo(nnx.Module):
@@ -72,7 +72,7 @@ class Elmo(nnx.Module):
             raise ValueError(f"num_output_representations={num_output_representations}: must be at least 1")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout}: must be in [0, 1)")
-        self.config = model.config
+        self.config, self.tokens = model.config, model.tokens
         self.devices = LocalDevices(devices)
         self.requires_grad, self.keep_sentence_boundaries = requires_grad, keep_sentence_boundaries
         kind = nnx.Param if requires_grad else Frozen
@@ -89,6 +89,12 @@ class Elmo(nnx.Module):
         if "dropout" not in rngs and "default" not in rngs:  # under nnx.bridge.ToLinen: linen's "params" rng
             rngs = nnx.Rngs(dropout=rngs.params())
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def batch_to_ids(self, sentences: list[list[str]]) -> jax.Array:
+        """Token lists -> the ids this model reads (B, T, I), padded slots 0: `batch_to_ids` for
+        bilm-tf's models (I = 50), the model's own vocabularies for ELMoForManyLangs' (I = its
+        word id and its char ids)."""
+        return jnp.asarray(sentence_ids(sentences, self.tokens))
 
     @property
     def output_dim(self) -> int:
@@ -111,7 +117,7 @@ class Elmo(nnx.Module):
         return layers[:, :B], mask[:B]
 
     def __call__(self, char_ids_BTC: jax.Array) -> dict:
-        C = self.config.char_cnn.max_characters_per_token
+        C = self.config.token_width
         if isinstance(char_ids_BTC, (list, tuple, str)):
             raise TypeError(
                 f"Elmo takes char ids (B, T, {C}), not {type(char_ids_BTC).__name__}s: use batch_to_ids(sentences)"
@@ -119,10 +125,10 @@ class Elmo(nnx.Module):
         char_ids_BTC = jnp.asarray(char_ids_BTC)
         if char_ids_BTC.ndim != 3 or char_ids_BTC.shape[-1] != C or not jnp.issubdtype(char_ids_BTC.dtype, jnp.integer):
             raise ValueError(
-                f"Elmo takes integer char ids (B, T, {C}) from batch_to_ids, "
+                f"Elmo takes integer char ids (B, T, {C}) from {self._ids_function()}, "
                 f"got {char_ids_BTC.dtype} {char_ids_BTC.shape}"
             )
-        chars = with_sentence_boundaries(char_ids_BTC)
+        chars = with_sentence_boundaries(char_ids_BTC, self.tokens)
         layers, mask = self._layers(chars)
         mixes = [mix(layers, mask) for mix in self.mixes]
         if not self.keep_sentence_boundaries:
@@ -139,6 +145,9 @@ class Elmo(nnx.Module):
         out["default"] = jnp.sum(jnp.where(mask[..., None], representations[0], 0.0), axis=1) / counts
         return out
 
+    def _ids_function(self) -> str:
+        return "batch_to_ids" if self.config.token_ids == "bytes" else "elmo.batch_to_ids (this model's vocabularies)"
+
 
 @functools.cache
 def _bilm(config: ModelConfig):
@@ -152,12 +161,13 @@ def _bilm(config: ModelConfig):
     return jax.jit(layers)
 
 
-def with_sentence_boundaries(char_ids_BTC: jax.Array) -> jax.Array:
-    """(B, T, C) char ids of left-aligned tokens, padded slots 0 -> (B, T + 2, C) with `<S>`
-    before each sentence and `</S>` after its last token (as `text.chars` encodes them)."""
+def with_sentence_boundaries(char_ids_BTC: jax.Array, tokens: TokenIds | None = None) -> jax.Array:
+    """(B, T, C) char ids of left-aligned tokens, padded slots 0 -> (B, T + 2, C) with the
+    sentence's first boundary token (bilm-tf's `<S>`, or `tokens.bos`) before each sentence and
+    the last (`</S>`) after its last token."""
     B, T, C = char_ids_BTC.shape
     lengths = jnp.any(char_ids_BTC > 0, axis=-1).sum(axis=1)
-    bos, eos = token_char_ids([BOS_TOKEN, EOS_TOKEN], C)
+    bos, eos = token_char_ids([BOS_TOKEN, EOS_TOKEN], C) if tokens is None else tokens.encode([tokens.bos, tokens.eos])
     padded = jnp.pad(char_ids_BTC, ((0, 0), (1, 1), (0, 0))).at[:, 0].set(bos)
     at_end = (jnp.arange(T + 2)[None, :] == lengths[:, None] + 1)[..., None]
     return jnp.where(at_end, eos, padded)

@@ -53,7 +53,7 @@ from elmo_jax.model_io import Model
 from elmo_jax.outputs import replacing
 from elmo_jax.progress import ProgressBar
 from elmo_jax.text.batcher import bucket_size, char_columns
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable, check_sentences
+from elmo_jax.text.chars import CharTable, check_sentences
 from elmo_jax.text.sources import read_lines
 
 LAYER_MODES = ("all", "top", "average")
@@ -113,14 +113,16 @@ def encode_words(
     config = model.config
     devices = devices or LocalDevices()
     params = params if params is not None else devices.replicate(model.params["token_encoder"])
-    char_window = config.char_cnn.widest_filter if cut_columns else None
+    pad, lead = model.tokens.pad, config.token_width - config.char_cnn.max_characters_per_token  # lead: the word id
+    char_window = config.char_cnn.widest_filter if cut_columns and pad is not None else None
     out = np.zeros((len(words_UC), config.lstm.projection_dim), np.float32)
-    order = np.argsort((words_UC != PAD_CHAR + 1).sum(axis=1), kind="stable")
+    order = np.argsort((words_UC[:, lead:] != pad).sum(axis=1), kind="stable")
     encode = _jitted_token_encoder(config)
     for start in range(0, len(order), chunk):
         rows = order[start : start + chunk]
         words = words_UC[rows]
-        padded = np.zeros((devices.round_up(rows_bucket(len(rows), chunk)), char_columns(words, char_window)), np.int32)
+        columns = lead + char_columns(words[:, lead:], char_window, pad)
+        padded = np.zeros((devices.round_up(rows_bucket(len(rows), chunk)), columns), np.int32)
         padded[: len(rows)] = words[:, : padded.shape[1]]
         out[rows] = np.asarray(encode(params, jax.device_put(padded, devices.sharded_on(0))))[: len(rows)]
     return out
@@ -154,7 +156,7 @@ class Embedder:
         if schedule(self.config) == "layers":  # its windows read W_0's halves: split once (numpy: no compile)
             params["lstm"] = split_input_weights(jax.tree.map(np.asarray, params["lstm"]))
         self.params = self.devices.replicate(params)
-        self.chars = CharTable(model.config.char_cnn.max_characters_per_token)
+        self.chars = CharTable(model.tokens)
         self.state = self._zero_state(self.devices.round_up(batch_size))
         self.table_rows = 0  # the word table's rows: only grows, so the LSTMs compile once per batch shape
         self.compiled: set[tuple[int, int]] = set()  # (rows, table rows) of the LSTM programs compiled
@@ -178,7 +180,8 @@ class Embedder:
         if n == 0:
             return
         # Each position's row in the table of the call's distinct words.
-        cache_rows = [self.chars.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences]
+        bos, eos = self.model.tokens.bos, self.model.tokens.eos
+        cache_rows = [self.chars.ids([bos, *s, eos]) for s in sentences]
         distinct, inverse = np.unique(np.concatenate(cache_rows), return_inverse=True)
         self.table_rows = max(self.table_rows, self.devices.round_up(bucket_size(len(distinct))))
         table = np.zeros((self.table_rows, self.config.lstm.projection_dim), np.float32)
@@ -390,8 +393,7 @@ def token_embeddings(model: Model, words: list[str], batch_size: int = 4096) -> 
     """The context-independent token layer (n, P) of each word, like bilm-tf's
     dump_token_embeddings: a cache for vocabularies. Encoded `batch_size` words at a time,
     compiled once per model config and (rows, columns) shape."""
-    table = CharTable(model.config.char_cnn.max_characters_per_token)
-    return encode_words(model, table.encode(words), batch_size)
+    return encode_words(model, CharTable(model.tokens).encode(words), batch_size)
 
 
 class _Writer:

@@ -1,5 +1,6 @@
-"""Loading and saving whole models: a training workdir, an imported params-only checkpoint, or
-bilm-tf's options.json + weights.hdf5; and exporting to the latter.
+"""Loading and saving whole models: a training workdir, an imported params-only checkpoint,
+bilm-tf's options.json + weights.hdf5, or an ELMoForManyLangs folder (elmo_jax/interop/efml.py);
+and exporting to bilm-tf's files.
 
 An imported or exported folder holds `options.json` (the model config), plus `params/` (an
 Orbax checkpoint of the params pytree) for imports, or `weights.hdf5` (bilm-tf layout) and
@@ -28,10 +29,12 @@ from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import train_settings
 from elmo_jax.hub import fetch_hub, is_hub
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
+from elmo_jax.interop.efml import EXPORTED_FILES, MODEL_CONFIG, EfmlTokens, is_efml_folder, load_efml, save_efml
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import params_on_first_device
 from elmo_jax.outputs import Folder, replacing
 from elmo_jax.published import PUBLISHED, fetch, is_published
+from elmo_jax.text.chars import ByteChars, TokenIds
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.workdir import Workdir
 
@@ -42,6 +45,12 @@ class Model:
     params: Params  # see elmo_jax.model.bilm; no "softmax" for imported weights
     vocab: Vocabulary | None = None
     options: dict | None = None  # bilm-tf training fields to carry into options.json
+    token_ids: TokenIds | None = None  # how tokens become ids; None: bilm-tf's (`ByteChars`)
+
+    @property
+    def tokens(self) -> TokenIds:
+        """How this model's tokens become ids (`TokenIds`)."""
+        return self.token_ids or ByteChars(self.config.char_cnn.max_characters_per_token)
 
 
 def load_model(
@@ -69,6 +78,9 @@ def load_model(
             f"model folder not found: {path}, nor is it a published model ({', '.join(PUBLISHED)})"
             + (f": did you mean {near[0]}?" if near else "")
         )
+    if is_efml_folder(path):
+        config, params, tokens = load_efml(path)
+        return Model(config, jax.device_put(params), token_ids=tokens)
     vocab = Vocabulary.load(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
     if (path / "options.json").is_file() and (path / "params").is_dir():
         config = ModelConfig.load(path / "options.json")
@@ -84,7 +96,8 @@ def load_model(
         return dataclasses.replace(load_model(options=options, weights=weights), vocab=vocab)
     raise MissingFile(
         f"{path} is neither a training workdir (config.json + checkpoints/), an imported model "
-        f"(options.json + params/) nor bilm-tf files (*options.json + *weights.hdf5)"
+        f"(options.json + params/), bilm-tf files (*options.json + *weights.hdf5) nor an ELMoForManyLangs "
+        f"model (config.json, char.dic, word.dic, token_embedder.pkl, encoder.pkl)"
     )
 
 
@@ -118,6 +131,8 @@ def model_options(path: str | Path) -> dict:
     """The options.json model dict of a workdir, an imported or an exported folder (read
     without loading weights), or of a published model (by name or URL: downloaded first)."""
     path = Path(_fetched(path))
+    if is_efml_folder(path) and not Workdir(path).is_run():
+        raise UserError(f"{path}: an ELMoForManyLangs model; fine-tuning one (train --init_from) is not supported yet")
     if Workdir(path).config_json.is_file():
         return Workdir(path).saved()["model"]
     options = _one_file(path, "options.json") if path.is_dir() else None
@@ -143,11 +158,20 @@ IMPORTED = Folder(
     ("options.json", "params_meta.json", "params", "vocab.txt"), ("options.json", "params_meta.json", "params")
 )
 EXPORTED = Folder(("options.json", "weights.hdf5", "vocab.txt"), ("options.json", "weights.hdf5"))
+EXPORTED_EFML = Folder(EXPORTED_FILES, ("config.json", MODEL_CONFIG, "char.dic", "token_embedder.pkl", "encoder.pkl"))
+
+
+def export_layout(path: str | Path | None) -> Folder:
+    """What `export` writes for the model at `path`: ELMoForManyLangs' folder for one of theirs,
+    else bilm-tf's files."""
+    return EXPORTED_EFML if path is not None and is_efml_folder(Path(path)) else EXPORTED
 
 
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> list[str]:
     """A params-only Orbax checkpoint with its options.json (and vocab.txt if any), built
     beside `out` and renamed into place (see elmo_jax.outputs); returns the names written."""
+    if model.token_ids is not None:
+        raise UserError("an ELMoForManyLangs model is used from its own folder: importing one is not supported")
     with replacing(out, overwrite, inputs, folder=IMPORTED) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json")
@@ -164,9 +188,14 @@ def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs
 
 
 def export_model(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> list[str]:
-    """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any; the
-    folder is built beside `out` and renamed into place (see elmo_jax.outputs); returns the
-    names written."""
+    """OUT/options.json and OUT/weights.hdf5 in bilm-tf's layout, OUT/vocab.txt if any (an
+    ELMoForManyLangs model: their folder, `save_efml`); the folder is built beside `out` and
+    renamed into place (see elmo_jax.outputs); returns the names written."""
+    if isinstance(model.token_ids, EfmlTokens):
+        with replacing(out, overwrite, inputs, folder=EXPORTED_EFML) as folder:
+            folder.mkdir()
+            save_efml(folder, model.config, model.params, model.token_ids)
+            return sorted(p.name for p in folder.iterdir())
     with replacing(out, overwrite, inputs, folder=EXPORTED) as folder:
         folder.mkdir()
         model.config.save(folder / "options.json", model.options)

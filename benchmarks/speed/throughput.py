@@ -54,7 +54,7 @@ from elmo_jax.model.token_encoder import conv
 from elmo_jax.plan.targets import target
 from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
 from elmo_jax.text.batcher import StreamBatcher
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, CharTable
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, ByteChars, CharTable
 from elmo_jax.train.step import init_train_state, make_train_step
 
 
@@ -103,7 +103,7 @@ def embed_throughput(args, config: ModelConfig, B: int, device) -> None:
         times.append(time.perf_counter() - start)
     pass_s = statistics.median(times)
 
-    table = CharTable(config.char_cnn.max_characters_per_token)
+    table = CharTable(ByteChars(config.char_cnn.max_characters_per_token))
     positions = np.concatenate([table.ids([BOS_TOKEN, *s, EOS_TOKEN]) for s in sentences])
     encoder_s = {}
     all_columns = functools.partial(encode_words, cut_columns=False)  # the path before: no column cut

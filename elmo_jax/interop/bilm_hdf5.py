@@ -107,6 +107,11 @@ def _check_local(f: h5py.File, name: str, path: Path) -> None:
 
 def save_weights(path: str | Path, params: Params, config: ModelConfig) -> None:
     """Writes params in the weight-file layout (float32, no softmax, no padding row)."""
+    if config.token_ids != "bytes" or config.word_embedding is not None:
+        raise UserError(
+            "bilm-tf's weight file holds models whose tokens are UTF-8 bytes, without a word embedding; "
+            "this model numbers its characters and words from its own vocabularies (ELMoForManyLangs')"
+        )
     te, cnn = params["token_encoder"], config.char_cnn
     data = {"char_embed": np.asarray(te["char_embed"])[1:]}
     for i in range(len(cnn.filters)):

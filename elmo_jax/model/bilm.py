@@ -2,7 +2,8 @@
 
 Params are a plain nested dict:
   token_encoder: char_embed (n_characters, D), cnn/filter_i {W (w, D, n), b (n,)},
-                 highway/layer_k {W_carry, b_carry, W_transform, b_transform}, proj {W (F, P), b}
+                 highway/layer_k {W_carry, b_carry, W_transform, b_transform}, proj {W (F, P), b};
+                 with a word embedding: word_embed (n_words, Dw), proj W (Dw + F, P)
   lstm:          layer_l {W_0 (2, 2P, 4C), B (2, 4C), W_P_0 (2, C, P)}  (axis 0: fwd, bwd)
   softmax:       W (V, P), b (V,)  (absent in an embedding-only model)
 """

@@ -2,6 +2,8 @@
 
 char ids (..., C) -> char embedding (..., C, D) -> per filter (w, n): VALID conv1d with bias,
 max over positions, activation -> concat (..., F) -> highway layers -> projection (..., P).
+With a word embedding (ELMoForManyLangs' models), each token's ids are its word id, then its
+C char ids, and the projection reads [word vector (Dw) | highway output (F)].
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.config import N_CHARACTERS, ModelConfig
+from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params, char_kernels
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
@@ -45,7 +47,12 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
             "W_transform": jax.random.normal(next(keys), (F, F)) * np.sqrt(1.0 / F),
             "b_transform": jnp.zeros((F,)),
         }
-    params["proj"] = {"W": jax.random.normal(next(keys), (F, P)) * np.sqrt(1.0 / F), "b": jnp.zeros((P,))}
+    words = config.word_embedding
+    if words is not None:  # a key of its own: bilm-tf models' params stay what they were
+        table = jax.random.uniform(jax.random.fold_in(rng, 1), (words.n_words, words.dim), minval=-1.0, maxval=1.0)
+        params["word_embed"] = table.at[0].set(0.0)
+    F_in = F + (words.dim if words is not None else 0)
+    params["proj"] = {"W": jax.random.normal(next(keys), (F_in, P)) * np.sqrt(1.0 / F_in), "b": jnp.zeros((P,))}
     return params
 
 
@@ -275,18 +282,24 @@ def _say_once(message: str) -> None:
     log.warning(message)
 
 
-def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig, kernels: bool = False) -> jax.Array:
-    """Char ids (N, C) (+1 shifted, 0 = padded slot) -> token vectors (N, P) float32; matmuls
-    and convolutions in config.compute_dtype. The embedding must have a row for every id
-    (JAX's gather would silently clamp a larger id onto the last row). `kernels`: the char CNN
+def encode_tokens(params: Params, ids_NI: jax.Array, config: ModelConfig, kernels: bool = False) -> jax.Array:
+    """Token ids (N, I = config.token_width): char ids (N, C) (+1 shifted, 0 = padded slot),
+    after a word id column where the model has a word embedding -> token vectors (N, P) float32;
+    matmuls and convolutions in config.compute_dtype. The embeddings must have a row for every
+    id (JAX's gather would silently clamp a larger id onto the last row). `kernels`: the char CNN
     as our Pallas kernels (`char_kernels`: the training step's, per device under shard_map, where
     `conv(config)` says so)."""
-    rows = params["char_embed"].shape[0]
-    if rows != N_CHARACTERS:
+    rows, n_characters = params["char_embed"].shape[0], config.char_cnn.n_characters
+    if rows != n_characters:
         raise ValueError(
-            f"char_embed has {rows} rows; the char ids need {N_CHARACTERS} (a zero padding row 0, then "
-            f"bilm-tf's {N_CHARACTERS - 1} rows: prepend a zero row to a {N_CHARACTERS - 1}-row table)"
+            f"char_embed has {rows} rows; the char ids need {n_characters} (a zero padding row 0, then "
+            f"the model's {n_characters - 1} rows: prepend a zero row to a {n_characters - 1}-row table)"
         )
+    words = config.word_embedding
+    if words is not None and params["word_embed"].shape != (words.n_words, words.dim):
+        shape = (words.n_words, words.dim)
+        raise ValueError(f"word_embed has shape {params['word_embed'].shape}; the config says {shape}")
+    chars_NC = ids_NI if words is None else ids_NI[:, 1:]
     activation, dtype = _ACTIVATIONS[config.char_cnn.activation], config.compute_dtype
     x_NCD = params["char_embed"][chars_NC].astype(dtype)
     filters = [params["cnn"][f"filter_{i}"] for i in range(len(config.char_cnn.filters))]
@@ -301,4 +314,6 @@ def encode_tokens(params: Params, chars_NC: jax.Array, config: ModelConfig, kern
         hw = params["highway"][f"layer_{k}"]
         gate = jax.nn.sigmoid(matmul(h_NF, hw["W_carry"], dtype) + hw["b_carry"])
         h_NF = gate * jax.nn.relu(matmul(h_NF, hw["W_transform"], dtype) + hw["b_transform"]) + (1.0 - gate) * h_NF
+    if words is not None:
+        h_NF = jnp.concatenate([params["word_embed"][ids_NI[:, 0]], h_NF], axis=1)
     return matmul(h_NF, params["proj"]["W"], dtype) + params["proj"]["b"]

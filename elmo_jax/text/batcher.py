@@ -65,15 +65,15 @@ def bucket_size(n: int) -> int:
     return round_up(n, max(64, 2 ** (max(n, 1).bit_length() - 3)))
 
 
-def char_columns(words_NC: np.ndarray, char_window: int | None) -> int:
+def char_columns(words_NC: np.ndarray, char_window: int | None, pad: int | None = PAD_CHAR + 1) -> int:
     """Columns a table of words' char ids (N, C) needs. With `char_window` w (the widest CNN
-    filter), the padding after the longest word's characters is cut to w (rounded up to a
-    multiple of 8, to bound the compiled shapes): every word keeps at least one window of padding
-    only, whose value is the same for all, so each filter's max is unchanged."""
+    filter), the padding (id `pad`) after the longest word's characters is cut to w (rounded up
+    to a multiple of 8, to bound the compiled shapes): every word keeps at least one window of
+    padding only, whose value is the same for all, so each filter's max is unchanged."""
     C = words_NC.shape[1]
     if char_window is None:
         return C
-    longest = int((words_NC != PAD_CHAR + 1).sum(axis=1).max(initial=0))
+    longest = int((words_NC != pad).sum(axis=1).max(initial=0))
     return min(C, round_up(longest + char_window, 8))
 
 

@@ -7,6 +7,9 @@ every id is shifted by +1 so that 0 marks a padded slot (a slot holding no token
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Protocol
+
 import numpy as np
 
 BOS_TOKEN = "<S>"
@@ -38,17 +41,57 @@ def token_char_ids(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:
     return out
 
 
+class TokenIds(Protocol):
+    """How a model's tokens become ids: `encode` gives each token `width` ids, never all 0 (0 marks
+    a padded slot); `bos` / `eos` are the tokens put around each sentence; `pad` is the id that
+    fills a row after a token's characters (so trailing columns can be cut, `char_columns`), or
+    None where rows are not padded that way."""
+
+    @property
+    def width(self) -> int: ...
+
+    @property
+    def bos(self) -> str: ...
+
+    @property
+    def eos(self) -> str: ...
+
+    @property
+    def pad(self) -> int | None: ...
+
+    def encode(self, tokens: list[str]) -> np.ndarray: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteChars:
+    """bilm-tf's token ids: `token_char_ids` (UTF-8 bytes, 5 special characters)."""
+
+    max_chars: int = MAX_CHARS
+    bos: str = BOS_TOKEN
+    eos: str = EOS_TOKEN
+    pad: int | None = PAD_CHAR + 1
+
+    @property
+    def width(self) -> int:
+        return self.max_chars
+
+    def encode(self, tokens: list[str]) -> np.ndarray:
+        return token_char_ids(tokens, self.max_chars)
+
+
 class CharTable:
-    """Caches the char ids of every token seen, so repeated words are encoded once.
+    """Caches the ids of every token seen, so repeated words are encoded once (`TokenIds`:
+    bilm-tf's char ids by default).
 
     `ids(tokens)` gives each token a row number; `tokens[row]` is the token of a row.
     """
 
-    def __init__(self, max_chars: int = MAX_CHARS):
-        self.max_chars = max_chars
+    def __init__(self, token_ids: TokenIds | None = None):
+        self.token_ids: TokenIds = token_ids if token_ids is not None else ByteChars()
+        self.max_chars = self.token_ids.width
         self.tokens: list[str] = []
         self._row: dict[str, int] = {}
-        self._table = np.zeros((1024, max_chars), dtype=np.int32)
+        self._table = np.zeros((1024, self.max_chars), dtype=np.int32)
 
     def ids(self, tokens: list[str]) -> np.ndarray:
         new = [t for t in dict.fromkeys(tokens) if t not in self._row]
@@ -58,7 +101,7 @@ class CharTable:
                 grown = np.zeros((max(2 * len(self._table), start + len(new)), self.max_chars), np.int32)
                 grown[:start] = self._table[:start]
                 self._table = grown
-            self._table[start : start + len(new)] = token_char_ids(new, self.max_chars)
+            self._table[start : start + len(new)] = self.token_ids.encode(new)
             self._row.update((t, start + i) for i, t in enumerate(new))
             self.tokens += new
         return np.fromiter(map(self._row.__getitem__, tokens), dtype=np.int64, count=len(tokens))
@@ -94,10 +137,16 @@ def check_sentences(sentences) -> None:
 def batch_to_ids(sentences: list[list[str]], max_chars: int = MAX_CHARS) -> np.ndarray:
     """Token lists -> (B, T, max_chars) int32 char ids, T the longest sentence, padded slots 0:
     AllenNLP's `batch_to_ids` (no `<S>`/`</S>`; `elmo_jax.Elmo` adds them)."""
+    return sentence_ids(sentences, ByteChars(max_chars))
+
+
+def sentence_ids(sentences: list[list[str]], token_ids: TokenIds) -> np.ndarray:
+    """Token lists -> (B, T, token_ids.width) int32 ids, T the longest sentence, padded slots 0
+    (no sentence boundaries): `batch_to_ids` for any model's `TokenIds`."""
     check_sentences(sentences)
     T = max((len(s) for s in sentences), default=0)
-    out = np.zeros((len(sentences), T, max_chars), np.int32)
-    table = CharTable(max_chars)
+    out = np.zeros((len(sentences), T, token_ids.width), np.int32)
+    table = CharTable(token_ids)
     for i, sentence in enumerate(sentences):
         out[i, : len(sentence)] = table.encode(list(sentence))
     return out

@@ -1,0 +1,255 @@
+"""ELMoForManyLangs' models (elmo_jax/interop/efml.py, elmo_jax/efml_embed.py) against what their
+own code computes (tests/fixtures/efml, made by tests/reference/efml.py): ids, every output layer,
+carried state, their shuffled batches; the same models through Elmo, Embedder and `embed`; and
+their folders' faults, each one line naming the file."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import random
+import shutil
+import zipfile
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax import Elmo
+from elmo_jax.efml_embed import EfmlEmbedder
+from elmo_jax.embed import Embedder
+from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.interop.efml import convert, load_efml
+from elmo_jax.interop.torch_state import load_state_dict
+from elmo_jax.model_io import load_model
+from tests.cli import assert_one_line_error, run_cli
+
+MODELS = ("cnn_word_elmo", "cnn_elmo")  # with a word embedding (legacy .pkl files), without (zip)
+TOLERANCE = 1e-5  # float32 against their PyTorch float32 (they agree to about 2e-6)
+
+
+@pytest.fixture(scope="module")
+def efml(fixtures_dir):
+    root = fixtures_dir / "efml"
+    return root, json.loads((root / "sentences.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def case(request, efml):
+    root, record = efml
+    with h5py.File(root / f"{request.param}.hdf5", "r") as f:
+        recorded = {name: f[name][()] for name in _datasets(f)}
+    return root / request.param, load_model(root / request.param), record, recorded
+
+
+def _datasets(f: h5py.File) -> list[str]:
+    names: list[str] = []
+    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    return names
+
+
+def _worst(ours: list[np.ndarray], theirs: dict, prefix: str) -> float:
+    """The largest |difference| over every sentence `theirs` recorded under prefix/i (shapes equal)."""
+    worst = 0.0
+    for name, value in theirs.items():
+        if name.startswith(prefix + "/") and name[len(prefix) + 1 :].isdigit():
+            mine = ours[int(name[len(prefix) + 1 :])]
+            assert mine.shape == value.shape, (name, mine.shape, value.shape)
+            worst = max(worst, float(np.abs(mine - value).max(initial=0.0)))
+    return worst
+
+
+def test_token_ids_are_theirs(case):
+    """Each row of their single batch: <bos>, the words, <eos>, padding; word and char ids
+    (their <eow> first and <bow> last, the 48-character cut, unknown characters and words,
+    literal specials) exactly."""
+    _, model, record, recorded = case
+    ids = recorded["ids/char_ids"]
+    for row, (index, length) in enumerate(zip(recorded["ids/order"], recorded["ids/lengths"])):
+        ours = model.tokens.encode([model.tokens.bos, *record["sentences"][index], model.tokens.eos]) - 1
+        assert len(ours) == length
+        np.testing.assert_array_equal(ours[:, -ids.shape[-1] :], ids[row, :length])
+        if "ids/word_ids" in recorded:
+            np.testing.assert_array_equal(ours[:, 0], recorded["ids/word_ids"][row, :length])
+
+
+@pytest.mark.parametrize("layer", [-2, -1, 0, 1, 2])
+def test_every_output_layer_of_a_fresh_embedder(case, layer):
+    _, model, record, recorded = case
+    ours = EfmlEmbedder(model).sents2elmo(record["sentences"], output_layer=layer)
+    assert _worst(ours, recorded, f"fresh/{layer}") < TOLERANCE
+    assert ours[1].shape[-2] == 0  # the empty sentence: no vectors (their -1 raises there)
+
+
+def test_state_carries_from_call_to_call(case):
+    _, model, record, recorded = case
+    embedder = EfmlEmbedder(model)
+    first, second = embedder.sents2elmo(record["sentences"], -2), embedder.sents2elmo(record["second"], -2)
+    assert _worst(first, recorded, "stateful/0") < TOLERANCE
+    assert _worst(second, recorded, "stateful/1") < TOLERANCE
+    fresh = EfmlEmbedder(model).sents2elmo(record["second"], -2)
+    assert _worst(fresh, recorded, "stateful/1") > 1e-3  # the carried state matters
+    embedder.reset()
+    assert _worst(embedder.sents2elmo(record["second"], -2), {f"x/{i}": v for i, v in enumerate(fresh)}, "x") == 0.0
+
+
+def test_their_shuffled_batches_with_the_same_seed(case):
+    """batch_size 3: four batches in the order Python's random shuffled them, each starting from
+    the state the batch before left in its rows."""
+    _, model, record, recorded = case
+    seeded = record["multi_batch"]
+    embedder = EfmlEmbedder(model, batch_size=seeded["batch_size"], shuffle=random.Random(seeded["seed"]))
+    assert embedder.batches([len(s) for s in record["sentences"]]) == recorded["multibatch/batches"].tolist()
+    embedder = EfmlEmbedder(model, batch_size=seeded["batch_size"], shuffle=random.Random(seeded["seed"]))
+    assert _worst(embedder.sents2elmo(record["sentences"], -2), recorded, "multibatch") < TOLERANCE
+
+
+def test_stateless_embedder_and_elmo_give_their_fresh_layers(case):
+    """Embedder (sentences packed back to back) and the Elmo module (its layers, under jit), each
+    sentence from a zero state: their fresh single batch."""
+    _, model, record, recorded = case
+    sentences = record["sentences"]
+    assert _worst(Embedder(model, batch_size=4)(sentences), recorded, "fresh/-2") < TOLERANCE
+    elmo = Elmo(model, dropout=0.0)
+    ids = elmo.batch_to_ids(sentences)
+    assert ids.shape[-1] == model.config.token_width
+    out = jax.jit(lambda x: elmo(x))(ids)
+    for i, sentence in enumerate(sentences):
+        n = len(sentence)
+        token = np.tile(np.asarray(out["word_emb"][i, :n]), 2)
+        layers = np.stack([token] + [np.asarray(out[f"lstm_outputs{k}"][i, :n]) for k in (1, 2)])
+        np.testing.assert_allclose(layers, recorded[f"fresh/-2/{i}"], atol=TOLERANCE, rtol=0)
+
+
+def test_elmo_mix_trains_on_their_model(case):
+    """jax.grad through the scalar mix of an ELMoForManyLangs model: finite, and nonzero."""
+    _, model, record, _ = case
+    elmo = Elmo(model, dropout=0.0)
+    ids = elmo.batch_to_ids(record["sentences"][:4])
+    from flax import nnx
+
+    def loss(module):
+        return jnp.mean(module(ids)["elmo_representations"][0] ** 2)
+
+    grads = nnx.grad(loss)(elmo)
+    leaves = jax.tree.leaves(nnx.state(grads))
+    assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves)
+    assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
+
+
+@pytest.mark.launches
+def test_embed_command_writes_their_layers(case, tmp_path):
+    folder, _, record, recorded = case
+    text = tmp_path / "sentences.txt"
+    sentences = [s for s in record["sentences"] if s and all(t.strip() == t and t for t in s)]
+    text.write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    result = run_cli(["embed", f"--model={folder}", f"--input={text}", f"--output={tmp_path / 'out.hdf5'}"])
+    assert result.returncode == 0, result.stderr
+    fresh = {json.dumps(s): recorded[f"fresh/-2/{i}"] for i, s in enumerate(record["sentences"])}
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        for line, sentence in enumerate(sentences):
+            np.testing.assert_allclose(f[str(line)][()], fresh[json.dumps(sentence)], atol=TOLERANCE, rtol=0)
+
+
+# ---- faults ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def copy(efml, tmp_path):
+    def copied(name: str = "cnn_elmo"):
+        return shutil.copytree(efml[0] / name, tmp_path / name)
+
+    return copied
+
+
+@pytest.mark.parametrize("missing", ["encoder.pkl", "char.dic", "token_embedder.pkl", "word.dic"])
+def test_a_missing_file_is_named(copy, missing):
+    folder = copy("cnn_word_elmo")
+    (folder / missing).unlink()
+    with pytest.raises(MissingFile, match=f"needs {missing}"):
+        load_model(folder)
+
+
+def test_word_dic_is_needed_only_with_a_word_embedding(copy):
+    folder = copy("cnn_elmo")
+    (folder / "word.dic").unlink()
+    assert load_model(folder).config.word_embedding is None
+
+
+def _rewrite_zip_pickle(path, old: bytes, new: bytes) -> None:
+    """Replaces bytes in the data.pkl of a torch zip file (same length: the pickle stays valid)."""
+    assert len(old) == len(new)
+    with zipfile.ZipFile(path) as z:
+        entries = {info.filename: z.read(info) for info in z.infolist()}
+    (name,) = [n for n in entries if n.endswith("/data.pkl")]
+    assert old in entries[name]
+    entries[name] = entries[name].replace(old, new)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for n, data in entries.items():
+            z.writestr(n, data)
+    path.write_bytes(buffer.getvalue())
+
+
+def test_an_unexpected_key_is_named(copy):
+    folder = copy("cnn_elmo")
+    _rewrite_zip_pickle(
+        folder / "encoder.pkl", b"forward_layer_1.state_projection", b"forward_layer_1.state_PROJECTION"
+    )
+    with pytest.raises(UserError, match=r"encoder.pkl: unexpected key forward_layer_1.state_PROJECTION"):
+        load_model(folder)
+
+
+def test_a_wrong_shape_is_named(efml):
+    folder = efml[0] / "cnn_elmo"
+    config, _, _ = load_efml(folder)
+    token = load_state_dict(folder / "token_embedder.pkl")
+    token["projection.bias"] = np.zeros(3, np.float32)
+    with pytest.raises(UserError, match=r"token_embedder.pkl: projection.bias has shape \(3,\), expected \(16,\)"):
+        convert(token, load_state_dict(folder / "encoder.pkl"), config, folder)
+
+
+def test_a_pickle_that_is_not_a_tensor_dict_is_refused(copy):
+    folder = copy("cnn_elmo")
+    (folder / "encoder.pkl").write_bytes(pickle.dumps(["not", "tensors"]))
+    with pytest.raises(UserError, match="encoder.pkl"):
+        load_model(folder)
+
+
+def test_a_dictionary_line_and_a_missing_special(copy):
+    folder = copy("cnn_elmo")
+    (folder / "char.dic").write_text("a\t0\tx\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"char.dic:1: expected 'token<TAB>id'"):
+        load_model(folder)
+    (folder / "char.dic").write_text("a\t0\n<bos>\t1\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"char.dic: missing the special symbol\(s\) <eos>, <oov>, <pad>, <bow>, <eow>"):
+        load_model(folder)
+
+
+@pytest.mark.launches
+def test_command_line_faults_are_one_line(copy, tmp_path):
+    folder = copy("cnn_word_elmo")
+    result = run_cli(["export", f"--workdir={folder}", f"--output={tmp_path / 'x'}"])
+    assert_one_line_error(result, 2, "bilm-tf's weight file", "ELMoForManyLangs")
+    result = run_cli(["import", f"--model={folder}", f"--output={tmp_path / 'y'}"])
+    assert_one_line_error(result, 2, "importing one is not supported")
+    workdir = f"--workdir={tmp_path / 'w'}"
+    result = run_cli(["train", "--config=demo", workdir, f"--config.train.init_from={folder}"])
+    assert_one_line_error(result, 2, str(folder), "ELMoForManyLangs", "not supported yet")
+    (folder / "encoder.pkl").unlink()
+    text = tmp_path / "in.txt"
+    text.write_text("a b\n", encoding="utf-8")
+    result = run_cli(["embed", f"--model={folder}", f"--input={text}", f"--output={tmp_path / 'o.hdf5'}"])
+    assert_one_line_error(result, 2, "encoder.pkl")
+
+
+def test_the_docs_example_runs(efml, capsys):
+    """docs/WEIGHTS.md's example, on the fixture model (P = 16) instead of a downloaded one."""
+    from test_readme_examples import python_blocks
+
+    (block,) = python_blocks("docs/WEIGHTS.md", "## ELMoForManyLangs")
+    exec(compile(block.replace('"models/zh.model"', repr(str(efml[0] / "cnn_word_elmo"))), "WEIGHTS.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["[(4, 32), (1, 32)]", "(1, 4, 32)"]
