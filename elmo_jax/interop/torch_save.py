@@ -39,8 +39,13 @@ REBUILD = _Global("torch._utils", "_rebuild_tensor_v2")
 FLOAT_STORAGE = _Global("torch", "FloatStorage")
 
 
-class _Pickler(pickle._Pickler):  # the Python pickler: its dispatch table can take our two kinds
-    dispatch: ClassVar[dict] = dict(pickle._Pickler.dispatch)  # type: ignore[attr-defined]
+# The pickler written in Python, whose dispatch table can take our two kinds (typeshed does not
+# describe its methods: Any).
+_PythonPickler: Any = pickle._Pickler
+
+
+class _Pickler(_PythonPickler):
+    dispatch: ClassVar[dict] = dict(_PythonPickler.dispatch)
 
     def __init__(self, file: io.BytesIO, sizes: dict[str, int]):
         super().__init__(file, protocol=2)

@@ -269,8 +269,12 @@ def make(out: Path) -> Path:
         write_json(work / "job.json", job)
         ENV.run(RECORDER, work / "job.json", work)
         meta = json.loads((work / "meta.json").read_text(encoding="utf-8"))
+        exported_sha256 = {}
         for name in MODELS:
-            write_hdf5(root / f"{name}.hdf5", load_npz(work / f"{name}.out.npz"))
+            arrays = load_npz(work / f"{name}.out.npz")
+            exported_sha256[name], round_trip = export_round_trip(root / name, work / f"exported_{name}")
+            arrays.update({f"exported/{i}": value for i, value in enumerate(round_trip)})
+            write_hdf5(root / f"{name}.hdf5", arrays)
     for name, stats in meta["clip_fractions"].items():
         print(f"efml {name}: clip fractions {json.dumps(stats, sort_keys=True)}", flush=True)
     record = {
@@ -282,6 +286,7 @@ def make(out: Path) -> Path:
         "crashes": meta["crashes"],
         "versions": meta["versions"],
         "efml_sources_sha256": meta["sources_sha256"],
+        "exported_sha256": exported_sha256,
         "model_sha256": {
             name: {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted((root / name).iterdir())}
             for name in MODELS
@@ -290,6 +295,17 @@ def make(out: Path) -> Path:
     write_json(root / "sentences.json", record)
     (root / "README.md").write_bytes(README.read_bytes())
     return root
+
+
+def export_round_trip(folder: Path, exported: Path) -> tuple[dict[str, str], list[np.ndarray]]:
+    """elmo_jax's `export` of the model in `folder`, into `exported`, and what their Embedder
+    computes from that (a fresh one, output_layer -2, SENTENCES): the sha256 of each file it
+    wrote, and the arrays. tests/test_efml.py checks that today's export writes those bytes."""
+    from elmo_jax.model_io import export_model, load_model
+
+    names = export_model(load_model(folder), exported)
+    sha256 = {name: hashlib.sha256((exported / name).read_bytes()).hexdigest() for name in names}
+    return sha256, embed(exported, SENTENCES)
 
 
 # ---- their Embedder on any folder ---------------------------------------------------------------
