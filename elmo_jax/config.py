@@ -179,7 +179,14 @@ class ModelConfig(ComputeSettings):
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
-        return cls.from_options(read_json(path, "options file"), source=str(path))
+        """An options.json file: bilm-tf's models only (ELMoForManyLangs' load from their folder)."""
+        raw = read_json(path, "options file")
+        if isinstance(raw, dict) and "config_path" in raw:
+            raise UserError(f"{path} is ELMoForManyLangs' config.json, not bilm-tf's options: give its folder")
+        config = cls.from_options(raw, source=str(path))
+        if config.token_ids != "bytes":
+            raise UserError(f"{path}: token_ids {config.token_ids!r}: such a model loads from ELMoForManyLangs' folder")
+        return config
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         """Writes options.json; `extra` adds bilm-tf training fields (TrainSettings.options_fields)."""

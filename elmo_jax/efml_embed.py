@@ -28,7 +28,8 @@ from elmo_jax.text.chars import check_sentences
 
 class EfmlEmbedder:
     """Sentences -> their `sents2elmo` output, one numpy float32 array each: output_layer -2: all
-    layers (L + 1, n, 2P); 0..L: that layer (n, 2P); -1: their mean (n, 2P)."""
+    layers (L + 1, n, 2P); 0..L: that layer (n, 2P); -1: their mean (n, 2P). `source`: their
+    folder, a workdir fine-tuning one, or any model `load_model` reads (bilm-tf's too)."""
 
     def __init__(
         self,
@@ -38,8 +39,10 @@ class EfmlEmbedder:
         devices: int | None = None,
     ):
         model = source if isinstance(source, Model) else load_model(source)
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: must be a positive integer")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}: must be a positive integer")
+        if shuffle is not None and not isinstance(shuffle, random.Random):
+            raise TypeError(f"shuffle={shuffle!r}: a random.Random (random.Random(seed)) or None")
         self.model, self.batch_size, self.shuffle, self.devices = model, batch_size, shuffle, devices
         self.reset()
 
@@ -58,10 +61,12 @@ class EfmlEmbedder:
         return batches
 
     def sents2elmo(self, sentences: list[list[str]], output_layer: int = -1) -> list[np.ndarray]:
+        """Token lists -> one array per sentence, in their order (`EfmlEmbedder`'s shapes); the
+        state carries on from the last call (`reset`)."""
         check_sentences(sentences)
         layers = self.model.config.lstm.n_layers + 1
-        if not -2 <= output_layer < layers:
-            raise ValueError(f"output_layer={output_layer}: -2 (all), -1 (their mean) or a layer 0..{layers - 1}")
+        if isinstance(output_layer, bool) or not isinstance(output_layer, int) or not -2 <= output_layer < layers:
+            raise ValueError(f"output_layer={output_layer!r}: -2 (all), -1 (their mean) or a layer 0..{layers - 1}")
         out: list[np.ndarray] = [np.empty(0)] * len(sentences)
         for batch in self.batches([len(s) for s in sentences]):
             for i, vectors in zip(batch, self.embedder([list(sentences[i]) for i in batch])):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from elmo_jax.config import ModelConfig
@@ -128,6 +129,8 @@ class Elmo(nnx.Module):
                 f"Elmo takes integer char ids (B, T, {C}) from {self._ids_function()}, "
                 f"got {char_ids_BTC.dtype} {char_ids_BTC.shape}"
             )
+        if self.config.token_ids != "bytes" and not isinstance(char_ids_BTC, jax.core.Tracer):
+            self._check_ids(np.asarray(char_ids_BTC))
         chars = with_sentence_boundaries(char_ids_BTC, self.tokens)
         layers, mask = self._layers(chars)
         mixes = [mix(layers, mask) for mix in self.mixes]
@@ -144,6 +147,14 @@ class Elmo(nnx.Module):
         out["elmo"] = representations[0]
         out["default"] = jnp.sum(jnp.where(mask[..., None], representations[0], 0.0), axis=1) / counts
         return out
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        """Ids past the model's tables (bilm-tf's from `batch_to_ids`, say) would be clamped by
+        JAX's gather onto the last row, silently: refused (outside a jit, where they are known)."""
+        lead, words = self.tokens.lead, self.config.word_embedding
+        chars_past = ids[..., lead:].max(initial=0) >= self.config.char_cnn.n_characters
+        if chars_past or (words is not None and ids[..., 0].max(initial=0) >= words.n_words):
+            raise ValueError(f"ids past this model's tables: give it the ids of {self._ids_function()}")
 
     def _ids_function(self) -> str:
         return "batch_to_ids" if self.config.token_ids == "bytes" else "elmo.batch_to_ids (this model's vocabularies)"

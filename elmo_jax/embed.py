@@ -113,7 +113,7 @@ def encode_words(
     config = model.config
     devices = devices or LocalDevices()
     params = params if params is not None else devices.replicate(model.params["token_encoder"])
-    pad, lead = model.tokens.pad, config.token_width - config.char_cnn.max_characters_per_token  # lead: the word id
+    pad, lead = model.tokens.pad, model.tokens.lead
     char_window = config.char_cnn.widest_filter if cut_columns and pad is not None else None
     out = np.zeros((len(words_UC), config.lstm.projection_dim), np.float32)
     order = np.argsort((words_UC[:, lead:] != pad).sum(axis=1), kind="stable")

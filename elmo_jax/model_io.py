@@ -71,7 +71,10 @@ def load_model(
     if Workdir(path).is_run():
         return _load_workdir(Workdir(path))
     if path.exists() and not path.is_dir():
-        raise UserError(f"{path} is a file: give a workdir or model folder, or an options.json and a weights.hdf5")
+        unzip = " (unzip it: ELMoForManyLangs' models come zipped)" if path.suffix == ".zip" else ""
+        raise UserError(
+            f"{path} is a file{unzip}: give a workdir or model folder, or an options.json and a weights.hdf5"
+        )
     if not path.is_dir():
         near = difflib.get_close_matches(str(path), PUBLISHED, n=1)
         raise MissingFile(
@@ -132,7 +135,7 @@ def model_options(path: str | Path) -> dict:
     without loading weights), or of a published model (by name or URL: downloaded first)."""
     path = Path(_fetched(path))
     if is_efml_folder(path) and not Workdir(path).is_run():
-        raise UserError(f"{path}: an ELMoForManyLangs model; fine-tuning one (train --init_from) is not supported yet")
+        return load_efml(path)[0].to_options()
     if Workdir(path).config_json.is_file():
         return Workdir(path).saved()["model"]
     options = _one_file(path, "options.json") if path.is_dir() else None
@@ -149,7 +152,7 @@ def _softmax_rows(path: Path) -> int | None:
 def _load_workdir(workdir: Workdir) -> Model:
     run = workdir.restore_params()
     options = train_settings(run.config, len(run.vocab)).options_fields()
-    return Model(run.model_config, run.params, run.vocab, options)
+    return Model(run.model_config, run.params, run.vocab, options, workdir.token_ids(run.model_config))
 
 
 # What `import` and `export` write in their output folder, and what each output of them holds
@@ -162,9 +165,13 @@ EXPORTED_EFML = Folder(EXPORTED_FILES, ("config.json", MODEL_CONFIG, "char.dic",
 
 
 def export_layout(path: str | Path | None) -> Folder:
-    """What `export` writes for the model at `path`: ELMoForManyLangs' folder for one of theirs,
-    else bilm-tf's files."""
-    return EXPORTED_EFML if path is not None and is_efml_folder(Path(path)) else EXPORTED
+    """What `export` writes for the model at `path`: ELMoForManyLangs' folder for one of theirs
+    (or a run fine-tuning one), else bilm-tf's files."""
+    if path is None:
+        return EXPORTED
+    if Workdir(path).is_run():
+        return EXPORTED_EFML if Workdir(path).saved()["model"].get("token_ids") == "dictionary" else EXPORTED
+    return EXPORTED_EFML if is_efml_folder(Path(path)) else EXPORTED
 
 
 def save_imported(model: Model, out: str | Path, overwrite: bool = False, inputs: tuple = ()) -> list[str]:

@@ -28,10 +28,12 @@ from elmo_jax.config import ModelConfig, dict_differences, read_json
 from elmo_jax.environment import environment
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import base_config, model_config
+from elmo_jax.interop.efml import EfmlTokens, read_tokens, write_dictionaries
 from elmo_jax.model import Params, shapes_by_path
 from elmo_jax.model.bilm import init_params, params_on_first_device
 from elmo_jax.outputs import make_folders, remove, remove_empty, write_text
 from elmo_jax.text.batcher import round_up
+from elmo_jax.text.chars import TokenIds
 from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.vocab import Vocabulary, build_vocabulary, summary
 
@@ -72,6 +74,8 @@ class Workdir:
         self.path = Path(path)
         self.config_json = self.path / "config.json"
         self.vocab_txt = self.path / "vocab.txt"
+        # ELMoForManyLangs' dictionaries, for a run fine-tuning one of their models
+        self.char_dic, self.word_dic = self.path / "char.dic", self.path / "word.dic"
         self.checkpoints = self.path / "checkpoints"
         self.metrics_jsonl = self.path / "metrics.jsonl"
         self.tensorboard = self.path / "tensorboard"
@@ -94,8 +98,8 @@ class Workdir:
     def _trainers(self) -> tuple[Path, ...]:
         """What training writes here (not the folders it moves checkpoints aside to: those hold
         steps written before)."""
-        files = (self.config_json, self.vocab_txt, self.metrics_jsonl, self.curves_png, self.lock)
-        return (*files, self.checkpoints, self.tensorboard)
+        files = (self.config_json, self.vocab_txt, self.char_dic, self.word_dic, self.metrics_jsonl)
+        return (*files, self.curves_png, self.lock, self.checkpoints, self.tensorboard)
 
     def written(self) -> dict[str, str | None]:
         """Training's files and folders that are here, by name: config.json's and vocab.txt's
@@ -121,6 +125,39 @@ class Workdir:
         remove_empty(made)
         return undone
 
+    def token_ids(self, model: ModelConfig) -> TokenIds | None:
+        """How the run's tokens become ids: None for bilm-tf's (bytes); for ELMoForManyLangs'
+        (config token_ids "dictionary"), the dictionaries here (`keep_token_ids`)."""
+        if model.token_ids == "bytes":
+            return None
+        if not self.char_dic.is_file():
+            raise MissingFile(f"{self.char_dic} is missing: the run's characters are numbered by it")
+        return read_tokens(self.path, model)
+
+    def keep_token_ids(self, tokens: TokenIds | None) -> None:
+        """Writes ELMoForManyLangs' dictionaries here (process 0), where a run fine-tunes one of
+        their models; nothing for bilm-tf's ids."""
+        if isinstance(tokens, EfmlTokens) and jax.process_index() == 0:
+            write_dictionaries(self.path, tokens)
+
+    def check_not_a_model(self) -> None:
+        """Refuses, before training writes anything, a folder that holds a model and no run
+        (bilm-tf's files, an imported model, ELMoForManyLangs'): its files (their config.json)
+        would be overwritten."""
+        if self.is_run() or not self.path.is_dir():
+            return
+        markers = {
+            "ELMoForManyLangs' model": [self.path / "token_embedder.pkl", self.path / "encoder.pkl"],
+            "bilm-tf's model files": sorted(self.path.glob("*weights.hdf5")),
+            "an imported model": [self.path / "params"] if (self.path / "options.json").is_file() else [],
+        }
+        for kind, paths in markers.items():
+            if any(p.exists() for p in paths):
+                raise UserError(
+                    f"the workdir {self.path} holds {kind}, not a training run: give a new --workdir, and "
+                    f"--config.train.init_from={self.path} to fine-tune the model"
+                )
+
     def is_run(self) -> bool:
         """A training run's folder: config.json and checkpoints/."""
         return self.config_json.is_file() and self.checkpoints.is_dir()
@@ -139,6 +176,12 @@ class Workdir:
                     "hold no softmax); embed reads it, and train can fine-tune from it (--config.train.init_from)"
                 )
             raise MissingFile(f"{self.path} is not a training workdir: {self.config_json} not found")
+        if (self.path / "encoder.pkl").is_file() and not self.checkpoints.is_dir():
+            raise UserError(
+                f"{self.path} is ELMoForManyLangs' model folder, not a training workdir: it has no run config, "
+                "checkpoint or softmax to score held-out text with; embed reads it, and train can fine-tune from it "
+                "(--config.train.init_from)"
+            )
         saved = self.saved()
         config = base_config(saved["model"]).to_dict()
         for section in ("train", "data"):

@@ -23,7 +23,7 @@ from elmo_jax import Elmo
 from elmo_jax.efml_embed import EfmlEmbedder
 from elmo_jax.embed import Embedder
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.interop.efml import convert, load_efml
+from elmo_jax.interop.efml import convert, load_efml, write_dictionaries
 from elmo_jax.interop.torch_state import load_state_dict
 from elmo_jax.model_io import EXPORTED_EFML, export_model, load_model
 from tests.cli import assert_one_line_error, run_cli
@@ -185,6 +185,42 @@ def test_export_command(efml, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def test_fine_tuned_on_new_text_keeps_their_dictionaries_resumes_and_exports(efml, tmp_path, text_data, caplog):
+    """train --init_from their folder: their architecture and dictionaries (copied into the
+    workdir, read there on resuming), a new softmax over the text's vocabulary; the weights move;
+    export writes their folder, which loads back to the run's params and vectors exactly."""
+    from test_training_run import losses, tiny_config
+
+    from elmo_jax.train.loop import train
+
+    folder, run = efml[0] / "cnn_word_elmo", tmp_path / "run"
+    original = load_model(folder)
+    caplog.set_level("INFO")
+    train(tiny_config(text_data, max_steps=3, sample_softmax=False, init_from=str(folder)), run)
+    assert "of its tokens are outside the model's word.dic and" in caplog.text
+    tuned = load_model(run)
+    assert tuned.config.differences(original.config) == [] and tuned.config.word_embedding is not None
+    assert (tuned.token_ids.chars, tuned.token_ids.words) == (original.token_ids.chars, original.token_ids.words)
+    moved = jax.tree.map(
+        lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), tuned.params["lstm"], original.params["lstm"]
+    )
+    assert max(jax.tree.leaves(moved)) > 1e-4
+    (run / "word.dic").unlink()
+    with pytest.raises(MissingFile, match="word.dic"):  # a resumed run reads its own dictionaries
+        train(tiny_config(text_data, max_steps=5, sample_softmax=False, init_from=str(folder)), run)
+    write_dictionaries(run, original.token_ids)
+    train(tiny_config(text_data, max_steps=5, sample_softmax=False, init_from=str(folder)), run)  # resumes
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5]
+    tuned = load_model(run)
+    assert sorted(export_model(tuned, tmp_path / "out")) == sorted(EXPORTED_EFML.always + ("word.dic",))
+    back = load_model(tmp_path / "out")  # their biases hold the forget gate's 1: float32 rounding there
+    for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves({k: tuned.params[k] for k in back.params})):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2.5e-7, rtol=0)
+    sentences = [["a", "river", "bank"], ["今天", "<bos>", "x" * 60]]
+    for a, b in zip(EfmlEmbedder(run).sents2elmo(sentences, -2), EfmlEmbedder(back).sents2elmo(sentences, -2)):
+        np.testing.assert_allclose(a, b, atol=TOLERANCE, rtol=0)
+
+
 # ---- faults ---------------------------------------------------------------------------------------
 
 
@@ -265,9 +301,6 @@ def test_command_line_faults_are_one_line(copy, tmp_path):
     folder = copy("cnn_word_elmo")
     result = run_cli(["import", f"--model={folder}", f"--output={tmp_path / 'y'}"])
     assert_one_line_error(result, 2, "importing one is not supported")
-    workdir = f"--workdir={tmp_path / 'w'}"
-    result = run_cli(["train", "--config=demo", workdir, f"--config.train.init_from={folder}"])
-    assert_one_line_error(result, 2, str(folder), "ELMoForManyLangs", "not supported yet")
     (folder / "encoder.pkl").unlink()
     text = tmp_path / "in.txt"
     text.write_text("a b\n", encoding="utf-8")
@@ -282,3 +315,79 @@ def test_the_docs_example_runs(efml, capsys):
     (block,) = python_blocks("docs/WEIGHTS.md", "## ELMoForManyLangs")
     exec(compile(block.replace('"models/zh.model"', repr(str(efml[0] / "cnn_word_elmo"))), "WEIGHTS.md", "exec"), {})
     assert capsys.readouterr().out.splitlines() == ["[(4, 32), (1, 32)]", "(1, 4, 32)"]
+
+
+def test_their_folder_is_not_a_workdir_to_train_in_or_evaluate(copy, text_data):
+    """Training there would write over their config.json; evaluating has no run to read."""
+    from test_training_run import tiny_config
+
+    from elmo_jax.train.loop import train
+    from elmo_jax.workdir import Workdir
+
+    folder = copy("cnn_word_elmo")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(UserError, match=f"holds ELMoForManyLangs' model.*init_from={folder}"):
+        train(tiny_config(text_data, max_steps=1), folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    with pytest.raises(UserError, match="ELMoForManyLangs' model folder, not a training workdir"):
+        Workdir(folder).restore_params()
+    with pytest.raises(UserError, match="ELMoForManyLangs' config.json, not bilm-tf's options: give its folder"):
+        load_model(options=folder / "config.json", weights=folder / "encoder.pkl")
+
+
+@pytest.mark.parametrize(
+    "arguments, error",
+    [
+        ({"output_layer": True}, ValueError),
+        ({"output_layer": "top"}, ValueError),
+        ({"output_layer": 3}, ValueError),
+        ({"output_layer": -3}, ValueError),
+        ({"batch_size": 2.5}, ValueError),
+        ({"batch_size": 0}, ValueError),
+        ({"shuffle": 2018}, TypeError),
+    ],
+)
+def test_efml_embedder_refuses_bad_arguments(efml, arguments, error):
+    model = load_model(efml[0] / "cnn_elmo")
+    layer = arguments.pop("output_layer", -1)
+    with pytest.raises(error, match=next(iter(arguments), "output_layer")):
+        EfmlEmbedder(model, **arguments).sents2elmo([["a"]], layer)
+
+
+def test_elmo_refuses_ids_of_another_model(efml):
+    """bilm-tf's ids (batch_to_ids) have the width of a model without a word embedding, and
+    values past its char table, which JAX's gather would clamp silently."""
+    from elmo_jax import batch_to_ids
+
+    elmo = Elmo(efml[0] / "cnn_elmo", dropout=0.0)
+    with pytest.raises(ValueError, match=r"past this model's tables: give it the ids of elmo.batch_to_ids"):
+        elmo(batch_to_ids([["the", "bank"]]))
+
+
+def test_a_character_that_shares_pad_s_id_keeps_its_columns(copy):
+    """Their code reads a char.dic where a character has <pad>'s id; the cut of padding columns
+    (encode_words) must keep every column up to the word's last non-padding one."""
+    from elmo_jax.embed import encode_words
+
+    folder = copy("cnn_elmo")
+    lines = (folder / "char.dic").read_text(encoding="utf-8").splitlines()
+    pad = next(line.split("\t")[1] for line in lines if line.startswith("<pad>\t"))
+    text = "\n".join(f"a\t{pad}" if line.startswith("a\t") else line for line in lines) + "\n"
+    (folder / "char.dic").write_text(text, encoding="utf-8")
+    model = load_model(folder)
+    rows = model.tokens.encode(["a" * 20 + "b", "a"])
+    cut, whole = encode_words(model, rows, cut_columns=True), encode_words(model, rows, cut_columns=False)
+    np.testing.assert_allclose(cut, whole, atol=1e-6, rtol=0)
+
+
+def test_a_dictionary_of_another_size_and_an_options_file_of_their_kind(copy, tmp_path):
+    folder = copy("cnn_word_elmo")
+    config = load_model(folder).config
+    with (folder / "word.dic").open("a", encoding="utf-8") as f:
+        f.write("extra\t5\n")
+    with pytest.raises(UserError, match=r"word.dic: 43 entries, ids up to 41, .* 42 rows: not this model's"):
+        load_model(folder)
+    options = tmp_path / "options.json"
+    options.write_text(json.dumps(config.to_options()), encoding="utf-8")
+    with pytest.raises(UserError, match="token_ids 'dictionary': such a model loads from ELMoForManyLangs' folder"):
+        load_model(options=options, weights=folder / "encoder.pkl")

@@ -356,7 +356,7 @@ def test_refuses_bad_sizes_and_big_endian_legacy(tmp_path):
     refusal(legacy_file(tmp_path / "b.pkl", {"w": tensor(storage("0", 4), 0, (2,), (1, 1))}, four), "stride (1, 1)")
     refusal(legacy_file(tmp_path / "c.pkl", {"w": tensor(storage("0", 4), -1, (2,), (1,))}, four), "offset is -1")
     huge = {"w": tensor(storage("0", 4), 0, (2**62, 2**62), (0, 0))}  # stride 0: within the storage
-    refusal(legacy_file(tmp_path / "huge.pkl", huge, four), "'w' has size")
+    refusal(legacy_file(tmp_path / "huge.pkl", huge, four), "more elements than its storage")
     big = dict(LITTLE, little_endian=False)
     refusal(legacy_file(tmp_path / "d.pkl", {}, {}, sys_info=big), "big-endian")
     refusal(zip_file(tmp_path / "e.pt", {}, {}, byteorder="middle"), "unknown byte order")
@@ -390,3 +390,50 @@ def test_an_ordered_dict_with_metadata_and_parameters(tmp_path):
     state = Build(ordered({"p": param}), {"_metadata": collections.OrderedDict({"": {"version": 1}})})
     got = load_state_dict(legacy_file(tmp_path / "p.pkl", state, {"0": np.array([1, 2], np.float32)}))
     assert list(got) == ["p"] and got["p"].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("form", ["legacy", "zip"])
+@pytest.mark.parametrize("nesting", ["marks", "tuple1"])
+def test_refuses_values_nested_deep_enough_to_crash_python(tmp_path, form, nesting):
+    """A small file whose dict key nests 200,000 tuples deep: CPython's hash of it overflows the C
+    stack (a segfault, no exception); refused from its opcodes before anything is built."""
+    key = b"(" * 200_000 + b"t" * 200_000 if nesting == "marks" else b"K\x01" + b"\x85" * 200_000
+    pickle_bytes = b"\x80\x02}" + key + b"K\x01s."
+    if form == "zip":
+        path = zip_file(tmp_path / "deep.pt", {}, {}, pickle_bytes=pickle_bytes)
+    else:
+        path = legacy_file(tmp_path / "deep.pt", {}, {})
+        head = b"".join(pickle.dumps(x, 2) for x in (MAGIC_NUMBER, PROTOCOL_VERSION, LITTLE))
+        path.write_bytes(head + pickle_bytes + pickle.dumps([], 2))
+    refusal(path, "nest more than")
+
+
+def test_refuses_compressed_and_short_zip_records(tmp_path):
+    """torch.save stores its records: a compressed one could be a zip bomb, and a stored one
+    whose data is shorter than its header says must not be read past."""
+    state = {"w": tensor(storage("0", 1000, legacy=False), 0, (1000,), (1,))}
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", dumps(state))
+        archive.writestr("archive/data/0", np.zeros(1000, "<f4").tobytes())
+    refusal(path, "compressed")
+    # A stored record of 4 bytes whose headers claim 4,000 (what its one tensor needs): zipfile
+    # reads the 4 without complaint.
+    short = zip_file(tmp_path / "short.pt", state, {"0": np.zeros(1, np.float32)})
+    data, name = bytearray(short.read_bytes()), b"archive/data/0"
+    for signature, name_length, name_at, size_at in ((b"PK\x01\x02", 28, 46, 24), (b"PK\x03\x04", 26, 30, 22)):
+        at = data.find(signature)
+        while at != -1:
+            n = struct.unpack("<H", data[at + name_length : at + name_length + 2])[0]
+            if data[at + name_at : at + name_at + n] == name:
+                data[at + size_at : at + size_at + 4] = struct.pack("<I", 4000)  # the uncompressed size
+            at = data.find(signature, at + 4)
+    short.write_bytes(bytes(data))
+    assert len(zipfile.ZipFile(short).read("archive/data/0")) == 4
+    refusal(short, "archive/data/0")
+
+
+def test_refuses_a_tiny_file_that_asks_for_a_huge_array(tmp_path):
+    """Overlapping strides: 20,000 x 20,000 elements (1.6 GB) from a storage of 40,000."""
+    state = {"w": tensor(storage("0", 40_000, legacy=False), 0, (20_000, 20_000), (1, 1))}
+    refusal(zip_file(tmp_path / "amp.pt", state, {"0": np.zeros(40_000, np.float32)}), "more elements than its storage")

@@ -24,6 +24,7 @@ def evaluate_workdir(
     from elmo_jax.workdir import Workdir
 
     config, model_config, vocab, params, step = Workdir(workdir).restore_params()
+    token_ids = Workdir(workdir).token_ids(model_config)
     source = source or config.data.heldout or "demo"
     corpus = open_corpus(source, "heldout")
     result = evaluate(
@@ -34,6 +35,7 @@ def evaluate_workdir(
         batch_size or config.train.eval_batch_size,
         config.train.unroll_steps,
         max_sentences,
+        token_ids=token_ids,
     )
     if not all(math.isfinite(result[k]) for k in ("perplexity", "forward_perplexity", "backward_perplexity")):
         raise RunFailed(

@@ -19,7 +19,12 @@ config_flags.DEFINE_config_file(
     "--config.a.b=value.",
     lock_config=True,
 )
-flags.DEFINE_string("workdir", None, "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/.")
+flags.DEFINE_string(
+    "workdir",
+    None,
+    "Run folder: config.json, vocab.txt, checkpoints/, metrics.jsonl, tensorboard/ (embed, export: also a model "
+    "folder: imported, exported, bilm-tf's files, or ELMoForManyLangs').",
+)
 flags.DEFINE_string(
     "data", None, "A source: demo, text:GLOB, lm1b:PATH or tfds:NAME (eval: default the run's config.data.heldout)."
 )
@@ -36,7 +41,8 @@ flags.DEFINE_integer(
 flags.DEFINE_string(
     "model", None, "A published model by name (small, medium, original, original_5.5b) or the URL of its "
     "..._options.json: downloaded once into $ELMO_JAX_MODEL_CACHE (default $XDG_CACHE_HOME/elmo_jax/models); or "
-    "a Hugging Face hub repo holding bilm-tf's two files, hf://OWNER/REPO[@REVISION] (needs elmo_jax[hub])."
+    "a Hugging Face hub repo holding bilm-tf's two files, hf://OWNER/REPO[@REVISION] (needs elmo_jax[hub]); or a "
+    "model folder (bilm-tf's files, an import or export, ELMoForManyLangs' unzipped)."
 )  # fmt: skip
 flags.DEFINE_string("options", None, "bilm-tf options.json.")
 flags.DEFINE_string("weights", None, "bilm-tf weights.hdf5.")

@@ -75,8 +75,12 @@ class EfmlTokens:
     eos: str = EOS
 
     @property
+    def lead(self) -> int:
+        return int(self.words is not None)
+
+    @property
     def width(self) -> int:
-        return self.max_chars + (self.words is not None)
+        return self.max_chars + self.lead
 
     @property
     def pad(self) -> int | None:
@@ -95,6 +99,18 @@ class EfmlTokens:
             out = np.concatenate([word_ids[:, None], out], axis=1)
         return (out + 1).astype(np.int32)
 
+    def unknown_shares(self, strings: list[str], counts: np.ndarray) -> tuple[float, float]:
+        """The share of tokens (string i `counts[i]` times) outside word.dic (0 without one), and
+        of their characters outside char.dic: what the model reads as <oov>."""
+        cut = [s[: self.max_chars - 2] for s in strings]
+        total = max(int(counts.sum()), 1)
+        words = 0.0
+        if self.words is not None:
+            words = float(counts[np.fromiter((t not in self.words for t in cut), bool, len(cut))].sum()) / total
+        lengths = np.fromiter((len(t) for t in cut), np.int64, len(cut))
+        unknown = np.fromiter((sum(c not in self.chars for c in t) for t in cut), np.int64, len(cut))
+        return words, float((counts * unknown).sum()) / max(int((counts * lengths).sum()), 1)
+
 
 def read_dic(path: Path, specials: tuple[str, ...]) -> dict[str, int]:
     """char.dic / word.dic: `token<TAB>id` lines, read as their code reads them (each line
@@ -111,15 +127,19 @@ def read_dic(path: Path, specials: tuple[str, ...]) -> dict[str, int]:
         fields = line.strip().split("\t")
         if len(fields) == 1:
             fields.insert(0, "\u3000")
-        if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
-            raise UserError(f"{path}:{number}: expected 'token<TAB>id', got {line!r}")
-        lexicon[fields[0]] = int(fields[1])
+        try:
+            token, i = fields
+            lexicon[token] = int(i)
+        except ValueError:
+            raise UserError(f"{path}:{number}: expected 'token<TAB>id', got {line[:100]!r}") from None
     missing = [s for s in specials if s not in lexicon]
     if missing:
         raise UserError(f"{path}: missing the special symbol(s) {', '.join(missing)}")
-    ids = np.fromiter(lexicon.values(), np.int64, len(lexicon))
-    if len(ids) and (ids.min() < 0):
-        raise UserError(f"{path}: negative id {int(ids.min())}")
+    low, high = min(lexicon.values()), max(lexicon.values())
+    if low < 0:
+        raise UserError(f"{path}: negative id {low}")
+    if high >= 1 << 31:
+        raise UserError(f"{path}: id {high} is past any table")
     return lexicon
 
 
@@ -151,44 +171,62 @@ def _json(path: Path) -> Any:
         raise UserError(f"{path}: not valid JSON ({e})") from None
 
 
+def _part(raw: Any, name: str, source: str) -> dict[str, Any]:
+    """raw[name], a dict with a string `name`, else a one-line error."""
+    part = raw.get(name) if isinstance(raw, dict) else None
+    if not isinstance(part, dict) or not isinstance(part.get("name"), str):
+        raise UserError(f"{source}: not an ELMoForManyLangs model config (no {name} with a name)")
+    return part
+
+
+def _count(part: dict[str, Any], key: str, least: int, source: str, default: int | None = None) -> int:
+    """part[key] as an integer >= least (a JSON boolean is not one), else a one-line error."""
+    value = part.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise UserError(f"{source}: {key} is {json.dumps(value)}; it must be an integer >= {least}")
+    return value
+
+
+def word_dim(raw: Any, source: str) -> int:
+    """The width of the word embedding (their token_embedder.word_dim; 0: none)."""
+    return _count(_part(raw, "token_embedder", source), "word_dim", 0, source, default=0)
+
+
 def model_config(raw: dict[str, Any], n_chars: int, n_words: int, source: str) -> ModelConfig:
     """Their model config -> ours (n_chars / n_words: the dictionaries' table sizes, our padding
     row included)."""
-    try:
-        embedder, encoder = raw["token_embedder"], raw["encoder"]
-        if embedder["name"].lower() != "cnn":
-            raise UserError(f"{source}: token_embedder {embedder['name']!r}: only 'cnn' (every published model's)")
-        if encoder["name"].lower() != "elmo":
-            raise UserError(
-                f"{source}: encoder {encoder['name']!r}: only 'elmo' (every published model's; their 'lstm' is "
-                "a plain torch LSTM, never published)"
-            )
-        word_dim = int(embedder.get("word_dim", 0))
-        options = {
-            "lstm": {
-                "dim": encoder["dim"],
-                "projection_dim": encoder["projection_dim"],
-                "n_layers": encoder["n_layers"],
-                "cell_clip": encoder.get("cell_clip") or None,
-                "proj_clip": encoder.get("proj_clip") or None,
-                "use_skip_connections": True,
-            },
-            "char_cnn": {
-                "embedding": {"dim": embedder["char_dim"]},
-                "filters": embedder["filters"],
-                "n_highway": embedder["n_highway"],
-                "n_characters": n_chars,
-                "max_characters_per_token": embedder["max_characters_per_token"],
-                "activation": embedder["activation"],
-            },
-            "token_ids": "dictionary",
-        }
-    except (KeyError, TypeError, AttributeError) as e:
-        raise UserError(f"{source}: not an ELMoForManyLangs model config (missing or bad {e})") from None
-    if word_dim > 0:
-        options["word_embedding"] = {"n_words": n_words, "dim": word_dim}
-    if embedder.get("char_dim", 0) <= 0:
-        raise UserError(f"{source}: char_dim {embedder.get('char_dim')}: a model without its char CNN is not supported")
+    embedder, encoder = _part(raw, "token_embedder", source), _part(raw, "encoder", source)
+    if embedder["name"].lower() != "cnn":
+        raise UserError(f"{source}: token_embedder {embedder['name']!r}: only 'cnn' (every published model's)")
+    if encoder["name"].lower() != "elmo":
+        raise UserError(
+            f"{source}: encoder {encoder['name']!r}: only 'elmo' (every published model's; their 'lstm' is "
+            "a plain torch LSTM, never published)"
+        )
+    if isinstance(embedder.get("char_dim"), int) and embedder["char_dim"] == 0:
+        raise UserError(f"{source}: char_dim 0: a model without its char CNN is not supported")
+    options: dict[str, Any] = {
+        "lstm": {
+            "dim": encoder.get("dim"),
+            "projection_dim": encoder.get("projection_dim"),
+            "n_layers": encoder.get("n_layers"),
+            "cell_clip": encoder.get("cell_clip") or None,  # their 0 or null: no clip
+            "proj_clip": encoder.get("proj_clip") or None,
+            "use_skip_connections": True,
+        },
+        "char_cnn": {
+            "embedding": {"dim": _count(embedder, "char_dim", 1, source)},
+            "filters": embedder.get("filters"),
+            "n_highway": embedder.get("n_highway"),
+            "n_characters": n_chars,
+            # <bow>, a character, <eow>: their code needs 3 (and cuts tokens at this - 2)
+            "max_characters_per_token": _count(embedder, "max_characters_per_token", 3, source),
+            "activation": embedder.get("activation"),
+        },
+        "token_ids": "dictionary",
+    }
+    if word_dim(raw, source) > 0:
+        options["word_embedding"] = {"n_words": n_words, "dim": word_dim(raw, source)}
     return ModelConfig.from_options(options, source)
 
 
@@ -197,8 +235,7 @@ def load_efml(folder: str | Path) -> tuple[ModelConfig, Params, EfmlTokens]:
     folder = Path(folder)
     missing = [f for f in FILES if not (folder / f).is_file()]
     raw, source = read_model_config(folder) if "config.json" not in missing else ({}, "")
-    word_dim = raw.get("token_embedder", {}).get("word_dim", 0) if isinstance(raw, dict) else 0
-    words_used = isinstance(word_dim, int) and word_dim > 0
+    words_used = "config.json" not in missing and word_dim(raw, source) > 0
     missing = [f for f in missing if f != "word.dic" or words_used]
     if missing:
         raise MissingFile(f"{folder}: an ELMoForManyLangs folder needs {' and '.join(missing)}, not there")
@@ -208,7 +245,7 @@ def load_efml(folder: str | Path) -> tuple[ModelConfig, Params, EfmlTokens]:
     n_chars = _rows(token, "char_emb_layer.embedding.weight", chars, folder / "char.dic")
     n_words = _rows(token, "word_emb_layer.embedding.weight", words, folder / "word.dic") if words else 0
     config = model_config(raw, n_chars + 1, n_words + 1, source)
-    params = convert(token, encoder, config, folder)
+    params = convert(token, encoder, config, folder, source)
     return config, params, EfmlTokens(chars, words, config.char_cnn.max_characters_per_token)
 
 
@@ -217,8 +254,11 @@ def _rows(token: dict[str, np.ndarray], key: str, lexicon: dict[str, int], dic: 
     if key not in token or token[key].ndim != 2:
         raise UserError(f"{dic.parent / 'token_embedder.pkl'}: missing key {key} (a 2-D embedding table)")
     rows, top = token[key].shape[0], max(lexicon.values())
-    if top >= rows:
-        raise UserError(f"{dic}: id {top} is past the {rows} rows of {key} in token_embedder.pkl")
+    if top >= rows or len(lexicon) != rows:  # their embedding has a row per entry: they fail otherwise
+        raise UserError(
+            f"{dic}: {len(lexicon)} entries, ids up to {top}, where {key} in token_embedder.pkl has {rows} rows: "
+            "not this model's dictionary"
+        )
     return rows
 
 
@@ -251,7 +291,9 @@ def expected_shapes(config: ModelConfig, n_chars: int, n_words: int) -> tuple[di
     return token, encoder
 
 
-def _checked(state: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], path: Path) -> dict[str, np.ndarray]:
+def _checked(
+    state: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], path: Path, source: str
+) -> dict[str, np.ndarray]:
     """The state dict's arrays as float32, each key and shape checked (one-line errors naming the file)."""
     unexpected = sorted(set(state) - set(shapes))
     if unexpected:
@@ -263,7 +305,7 @@ def _checked(state: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], p
         if key not in state:
             raise UserError(f"{path}: missing key {key} (expected shape {shape})")
         if state[key].shape != shape:
-            raise UserError(f"{path}: {key} has shape {state[key].shape}, expected {shape}")
+            raise UserError(f"{path}: {key} has shape {state[key].shape}, expected {shape} (by {source})")
         out[key] = np.asarray(state[key], np.float32)
     return out
 
@@ -274,13 +316,14 @@ def _gates_to_bilm_tf(x: np.ndarray, C: int) -> np.ndarray:
     return np.concatenate([i, g, f, o], axis=-1)
 
 
-def convert(token: dict, encoder: dict, config: ModelConfig, folder: Path) -> Params:
-    """Their two state dicts -> our params (see the module's doc for each mapping)."""
+def convert(token: dict, encoder: dict, config: ModelConfig, folder: Path, source: str = "the model config") -> Params:
+    """Their two state dicts -> our params (see the module's doc for each mapping); `source`:
+    where the config's sizes came from, for the errors."""
     n_chars = config.char_cnn.n_characters - 1
     n_words = config.word_embedding.n_words - 1 if config.word_embedding is not None else 0
     token_shapes, encoder_shapes = expected_shapes(config, n_chars, n_words)
-    t = _checked(token, token_shapes, folder / "token_embedder.pkl")
-    e = _checked(encoder, encoder_shapes, folder / "encoder.pkl")
+    t = _checked(token, token_shapes, folder / "token_embedder.pkl", source)
+    e = _checked(encoder, encoder_shapes, folder / "encoder.pkl", source)
     cnn, F, C = config.char_cnn, config.char_cnn.n_filters, config.lstm.dim
     zero_row = lambda table: np.concatenate([np.zeros((1, table.shape[1]), np.float32), table])  # noqa: E731
     token_encoder: Params = {
@@ -397,13 +440,36 @@ def _write_dic(path: Path, lexicon: dict[str, int]) -> None:
     )
 
 
+def write_dictionaries(folder: Path, tokens: EfmlTokens) -> None:
+    """FOLDER/char.dic and, with a word embedding, FOLDER/word.dic, in their format."""
+    _write_dic(folder / "char.dic", tokens.chars)
+    if tokens.words is not None:
+        _write_dic(folder / "word.dic", tokens.words)
+
+
+def read_tokens(folder: Path, config: ModelConfig) -> EfmlTokens:
+    """The token ids of FOLDER's char.dic (and word.dic, where `config` has a word embedding),
+    each id checked against the config's tables."""
+    chars = read_dic(folder / "char.dic", (BOS, EOS, OOV, PAD, BOW, EOW))
+    _check_ids(chars, config.char_cnn.n_characters - 1, folder / "char.dic")
+    words = None
+    if config.word_embedding is not None:
+        words = read_dic(folder / "word.dic", (OOV, PAD))
+        _check_ids(words, config.word_embedding.n_words - 1, folder / "word.dic")
+    return EfmlTokens(chars, words, config.char_cnn.max_characters_per_token)
+
+
+def _check_ids(lexicon: dict[str, int], rows: int, path: Path) -> None:
+    top = max(lexicon.values())
+    if top >= rows:
+        raise UserError(f"{path}: id {top} is past the model's {rows} rows")
+
+
 def save_efml(folder: Path, config: ModelConfig, params: Params, tokens: EfmlTokens) -> None:
     """Writes their folder layout into `folder` (there, empty): what their Embedder loads."""
     (folder / "config.json").write_text(json.dumps({"config_path": MODEL_CONFIG}, indent=1) + "\n", "utf-8")
     (folder / MODEL_CONFIG).write_text(json.dumps(their_config(config), indent=1) + "\n", "utf-8")
-    _write_dic(folder / "char.dic", tokens.chars)
-    if tokens.words is not None:
-        _write_dic(folder / "word.dic", tokens.words)
+    write_dictionaries(folder, tokens)
     token, encoder = state_dicts(params, config)
     save_state_dict(folder / "token_embedder.pkl", token)
     save_state_dict(folder / "encoder.pkl", encoder)

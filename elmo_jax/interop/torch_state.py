@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import collections
 import io
+import math
 import os
 import pickle
+import pickletools
+import reprlib
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -40,6 +43,16 @@ from elmo_jax.errors import MissingFile, UserError
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 NOT_TENSORS = "not a PyTorch state dict of tensors"
+DAMAGED = "not a PyTorch file, or a truncated or damaged one"
+MAX_EXPANDED = 1 << 24  # elements a tensor may have beyond its storage's (stride 0: expanded)
+MAX_NESTING = 32  # a state dict's pickle nests about 5 deep; far deeper ones crash CPython's hash and repr
+_REPR = reprlib.Repr(maxlevel=2, maxstring=60, maxother=60, maxtuple=6, maxlist=6, maxdict=4)
+
+
+def _short(value: object) -> str:
+    """A repr of a value read from the file, bounded in depth and length (for the errors)."""
+    return _REPR.repr(value)
+
 
 _STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
     "FloatStorage": np.dtype(np.float32),
@@ -172,17 +185,55 @@ class _Unpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         if self.storage is None:
-            raise _Bad(f"{NOT_TENSORS}: an unexpected persistent id {pid!r:.100}")
+            raise _Bad(f"{NOT_TENSORS}: an unexpected persistent id {_short(pid)}")
         return self.storage.load(pid)
+
+
+def _check_nesting(file: IO[bytes]) -> None:
+    """Reads one pickle's opcodes (not running them) and refuses one whose values would nest more
+    than MAX_NESTING deep: a small file of nested tuples crashes CPython (hash, repr) outright."""
+    stack: list[int] = []  # each item's depth; -1 a mark
+    memo: dict[Any, int] = {}
+    for op, arg, _ in pickletools.genops(file):
+        before, popped, container = op.stack_before, [], None
+        if pickletools.markobject in before:
+            while stack and stack[-1] != -1:
+                popped.append(stack.pop())
+            if not stack:
+                raise _Bad(f"{DAMAGED} (its pickle: a mark missing)")
+            stack.pop()
+            below = [stack.pop() for _ in range(before.index(pickletools.markobject)) if stack]
+            container = below[-1] if below else None
+        else:
+            if len(stack) < len(before):
+                raise _Bad(f"{DAMAGED} (its pickle: its stack runs out)")
+            popped = [stack.pop() for _ in before]
+            if op.name in ("APPEND", "SETITEM", "BUILD"):
+                container = popped.pop()
+        if op.name == "MARK":
+            stack.append(-1)
+        elif op.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):  # the top item, left on the stack
+            memo[len(memo) if op.name == "MEMOIZE" else arg] = stack[-1] if stack else 0
+        elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo.get(arg, 0))
+        elif container is not None:
+            stack.append(max(container, 1 + max(popped, default=0)))
+        else:
+            stack.extend([1 + max(popped) if popped else 0] * len(op.stack_after))
+        if stack and max(stack[-1], container or 0) > MAX_NESTING:
+            raise _Bad(f"{NOT_TENSORS}: its values nest more than {MAX_NESTING} deep")
 
 
 def _unpickle(file: IO[bytes], allowed: dict[str, object], storage: _StorageIds | None = None) -> Any:
     try:
+        start = file.tell()
+        _check_nesting(file)
+        file.seek(start)
         return _Unpickler(file, allowed, storage).load()
     except _Bad:
         raise
     except Exception as e:  # the pickle machine's own: corrupt or truncated data
-        raise _Bad(f"not a PyTorch file, or a truncated or damaged one (its pickle: {type(e).__name__}: {e})") from None
+        raise _Bad(f"{DAMAGED} (its pickle: {type(e).__name__}: {e})") from None
 
 
 class _StorageIds:
@@ -195,12 +246,12 @@ class _StorageIds:
     def load(self, pid: Any) -> _Storage:
         fields = 6 if self.legacy else 5
         if not (isinstance(pid, tuple) and len(pid) == fields and pid[0] in ("storage", b"storage")):
-            raise _Bad(f"{NOT_TENSORS}: an unexpected persistent id {pid!r:.100}")
+            raise _Bad(f"{NOT_TENSORS}: an unexpected persistent id {_short(pid)}")
         storage_type, key, numel = pid[1], pid[2], pid[4]
         if not isinstance(storage_type, _StorageType):
-            raise _Bad(f"{NOT_TENSORS}: a storage of type {storage_type!r:.100}")
+            raise _Bad(f"{NOT_TENSORS}: a storage of type {_short(storage_type)}")
         if not (isinstance(key, str) and _is_int(numel) and numel >= 0):
-            raise _Bad(f"a storage id {pid!r:.100} is not (key, ..., element count)")
+            raise _Bad(f"a storage id {_short(pid)} is not (key, ..., element count)")
         seen = self.roots.setdefault(key, (storage_type.dtype, numel))
         if seen != (storage_type.dtype, numel):
             raise _Bad(f"storage {key} is both {seen[1]} x {seen[0]} and {numel} x {storage_type.dtype}")
@@ -208,7 +259,7 @@ class _StorageIds:
         if view is None:
             return _Storage(key, storage_type.dtype, 0, numel)
         if not (isinstance(view, tuple) and len(view) == 3 and _is_int(view[1]) and _is_int(view[2])):
-            raise _Bad(f"storage {key} has a view {view!r:.100}, not (key, offset, size)")
+            raise _Bad(f"storage {key} has a view {_short(view)}, not (key, offset, size)")
         _, start, count = view
         if not (0 <= start and 0 <= count and start + count <= numel):
             raise _Bad(f"a view of storage {key} is elements [{start}, {start + count}) of {numel}")
@@ -218,21 +269,23 @@ class _StorageIds:
 def _array(name: str, tensor: _Tensor, root: np.ndarray) -> np.ndarray:
     """The tensor as a new C-contiguous array in native byte order, its bounds checked first."""
     storage, native = tensor.storage, tensor.storage.dtype.newbyteorder("=")
+    described = f"tensor {name!r} (size {_short(tensor.size)}, stride {_short(tensor.stride)}, offset {tensor.offset})"
     if 0 in tensor.size:
-        return np.zeros(tensor.size, native)
+        return np.zeros(tensor.size, native)  # no element: any other sizes cost nothing
+    # More elements than the storage holds (stride 0, overlaps: an expanded tensor) only up to a
+    # bound, else a tiny file could ask for any amount of memory.
+    if any(s < 0 for s in tensor.stride) or math.prod(tensor.size) > max(storage.numel, MAX_EXPANDED):
+        raise _Bad(f"{described}: a negative stride, or more elements than its storage of {storage.numel} holds")
     extent = tensor.offset + sum((n - 1) * s for n, s in zip(tensor.size, tensor.stride)) + 1
-    if extent > storage.numel:
-        raise _Bad(
-            f"tensor {name!r} (size {tensor.size}, stride {tensor.stride}, offset {tensor.offset}) "
-            f"reaches element {extent} of a storage of {storage.numel}"
-        )
+    if extent > storage.numel or storage.start + extent > len(root):
+        raise _Bad(f"{described} reaches element {extent} of a storage of {storage.numel}")
     base = root[storage.start + tensor.offset :]
     strides = tuple(s * base.itemsize for s in tensor.stride)
     try:
         view = np.lib.stride_tricks.as_strided(base, tensor.size, strides, writeable=False)
         return view.astype(native, order="C", copy=True)
-    except (ValueError, MemoryError) as e:  # a size no array can have (stride 0 reads no storage)
-        raise _Bad(f"tensor {name!r} has size {tensor.size}: {type(e).__name__}: {e}") from None
+    except (ValueError, MemoryError, OverflowError) as e:
+        raise _Bad(f"{described}: {type(e).__name__}: {e}") from None
 
 
 def _state_dict(result: object) -> dict[str, _Tensor]:
@@ -240,7 +293,7 @@ def _state_dict(result: object) -> dict[str, _Tensor]:
         raise _Bad(f"{NOT_TENSORS}: it holds a value of type {type(result).__name__}, not a dict")
     for name, value in result.items():
         if not isinstance(name, str):
-            raise _Bad(f"{NOT_TENSORS}: a key {name!r:.100} is not a string")
+            raise _Bad(f"{NOT_TENSORS}: a key {_short(name)} is not a string")
         if not isinstance(value, _Tensor):
             raise _Bad(f"{NOT_TENSORS}: {name!r} holds a value of type {type(value).__name__}, not a tensor")
     return dict(result)
@@ -253,11 +306,11 @@ def _read_zip(file: IO[bytes]) -> dict[str, np.ndarray]:
         if len(pickles) != 1:
             raise _Bad(f"a zip archive with {len(pickles)} <name>/data.pkl records, not one: not a torch.save file")
         folder = pickles[0].removesuffix("data.pkl")
-        byteorder = archive.read(folder + "byteorder") if folder + "byteorder" in names else b"little"
+        byteorder = _stored(archive, names[folder + "byteorder"]) if folder + "byteorder" in names else b"little"
         if byteorder not in (b"little", b"big"):
-            raise _Bad(f"unknown byte order {byteorder!r:.40}")
+            raise _Bad(f"unknown byte order {_short(byteorder)}")
         ids = _StorageIds(legacy=False)
-        tensors = _state_dict(_unpickle(io.BytesIO(archive.read(pickles[0])), ALLOWED, ids))
+        tensors = _state_dict(_unpickle(io.BytesIO(_stored(archive, names[pickles[0]])), ALLOWED, ids))
         roots: dict[str, np.ndarray] = {}
         arrays = {}
         for name, tensor in tensors.items():
@@ -271,9 +324,19 @@ def _read_zip(file: IO[bytes]) -> dict[str, np.ndarray]:
                     size = names[record].file_size
                     raise _Bad(f"{record} holds {size} bytes, not {numel} x {dtype} ({numel * dtype.itemsize})")
                 stored = dtype.newbyteorder(">" if byteorder == b"big" else "<")
-                roots[key] = np.frombuffer(archive.read(record), stored)
+                roots[key] = np.frombuffer(_stored(archive, names[record]), stored)
             arrays[name] = _array(name, tensor, roots[key])
         return arrays
+
+
+def _stored(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """A record's bytes, as torch writes them: stored, not compressed (no zip bomb), all there."""
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        raise _Bad(f"{info.filename} is compressed or its sizes disagree: torch.save stores its records")
+    data = archive.read(info)
+    if len(data) != info.file_size:
+        raise _Bad(f"{info.filename} holds {len(data)} bytes, its header says {info.file_size}")
+    return data
 
 
 def _read_legacy(file: IO[bytes], size: int) -> dict[str, np.ndarray]:
@@ -281,17 +344,17 @@ def _read_legacy(file: IO[bytes], size: int) -> dict[str, np.ndarray]:
         raise _Bad("not a PyTorch file (neither a zip archive nor the legacy format's magic number)")
     version = _unpickle(file, {})
     if version != PROTOCOL_VERSION:
-        raise _Bad(f"legacy PyTorch protocol version {version!r:.40}, not {PROTOCOL_VERSION}")
+        raise _Bad(f"legacy PyTorch protocol version {_short(version)}, not {PROTOCOL_VERSION}")
     sys_info = _unpickle(file, {})
     if not isinstance(sys_info, dict):
-        raise _Bad(f"the legacy format's sys_info is {sys_info!r:.60}, not a dict")
+        raise _Bad(f"the legacy format's sys_info is {_short(sys_info)}, not a dict")
     if sys_info.get("little_endian") is not True:
-        raise _Bad(f"written on a big-endian machine (sys_info {sys_info!r:.60}), which is not supported")
+        raise _Bad(f"written on a big-endian machine (sys_info {_short(sys_info)}), which is not supported")
     ids = _StorageIds(legacy=True)
     tensors = _state_dict(_unpickle(file, ALLOWED, ids))
     keys = _unpickle(file, {})
     if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys) and len(set(keys)) == len(keys)):
-        raise _Bad(f"the storage keys are {keys!r:.100}, not a list of distinct strings")
+        raise _Bad(f"the storage keys are {_short(keys)}, not a list of distinct strings")
     listed = set(keys)
     for name, tensor in tensors.items():
         if tensor.storage.key not in listed:
@@ -338,3 +401,5 @@ def load_state_dict(path: str | Path) -> dict[str, np.ndarray]:
         raise UserError(f"{path}: a damaged zip archive ({e})") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read it ({e})") from None
+    except Exception as e:  # anything else a damaged or hostile file raises on its way: one line
+        raise UserError(f"{path}: a damaged or unsupported PyTorch file ({type(e).__name__}: {str(e)[:200]})") from None

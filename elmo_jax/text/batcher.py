@@ -29,7 +29,7 @@ import numpy as np
 
 from elmo_jax.errors import UserError
 from elmo_jax.settings import BACKWARD_ORDERS
-from elmo_jax.text.chars import MAX_CHARS, PAD_CHAR
+from elmo_jax.text.chars import PAD_CHAR, ByteChars, TokenIds
 from elmo_jax.text.corpus import Corpus
 from elmo_jax.text.tokenized import Tokenized
 from elmo_jax.text.vocab import Vocabulary
@@ -67,13 +67,14 @@ def bucket_size(n: int) -> int:
 
 def char_columns(words_NC: np.ndarray, char_window: int | None, pad: int | None = PAD_CHAR + 1) -> int:
     """Columns a table of words' char ids (N, C) needs. With `char_window` w (the widest CNN
-    filter), the padding (id `pad`) after the longest word's characters is cut to w (rounded up
+    filter), the padding (id `pad`) after the last word's characters is cut to w (rounded up
     to a multiple of 8, to bound the compiled shapes): every word keeps at least one window of
     padding only, whose value is the same for all, so each filter's max is unchanged."""
     C = words_NC.shape[1]
     if char_window is None:
         return C
-    longest = int((words_NC != pad).sum(axis=1).max(initial=0))
+    filled = words_NC != pad  # the last column that is not padding: a character may share pad's id
+    longest = int(np.where(filled.any(axis=1), C - np.argmax(filled[:, ::-1], axis=1), 0).max(initial=0))
     return min(C, round_up(longest + char_window, 8))
 
 
@@ -308,14 +309,14 @@ class StreamBatcher:
         shuffle: bool = True,
         single_pass: bool = False,
         rows: Sequence[int] | None = None,
-        max_chars: int = MAX_CHARS,
+        token_ids: TokenIds | None = None,
         table_multiple: int = 1,
         fixed_table: bool = False,
         groups: int = 1,
         char_window: int | None = None,
         backward_order: str = "independent",
     ):
-        self.tokenized: Tokenized = corpus.tokenized(vocab, max_chars)
+        self.tokenized: Tokenized = corpus.tokenized(vocab, token_ids)
         # Positions per sentence, to size each row's next batch of sentences (one pass over the lengths).
         self.mean_positions = max(1.0, self.tokenized.positions() / max(len(self.tokenized.lengths), 1))
         if len(corpus) == 0:
@@ -335,7 +336,8 @@ class StreamBatcher:
         self.seed, self.shuffle, self.single_pass = seed, shuffle, single_pass
         self.backward_order = backward_order
         self.rows = list(range(batch_size) if rows is None else rows)
-        self.max_chars = max_chars
+        token_ids = token_ids if token_ids is not None else ByteChars()
+        self.max_chars, self.pad, self.lead = token_ids.width, token_ids.pad, token_ids.lead
         self.table_multiple, self.fixed_table = table_multiple, fixed_table
         n_ranks = self.tokenized.types.n_ranks
         self._seen, self._slot = np.zeros(n_ranks, bool), np.zeros(n_ranks, np.int32)  # per batch, see __next__
@@ -396,7 +398,8 @@ class StreamBatcher:
         self._seen[distinct] = False
         self._slot[distinct] = np.arange(len(distinct), dtype=np.int32)
         words = types.chars[distinct]
-        columns = char_columns(words, self.char_window)
+        window = self.char_window if self.pad is not None else None
+        columns = self.lead + char_columns(words[:, self.lead :], window, self.pad)
         chars = np.zeros((self._table_rows(len(distinct)), columns), np.int32)
         chars[: len(distinct)] = words[:, :columns]
         return Batch(chars, self._slot[ranks], targets, mask)

@@ -43,12 +43,15 @@ def token_char_ids(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:
 
 class TokenIds(Protocol):
     """How a model's tokens become ids: `encode` gives each token `width` ids, never all 0 (0 marks
-    a padded slot); `bos` / `eos` are the tokens put around each sentence; `pad` is the id that
-    fills a row after a token's characters (so trailing columns can be cut, `char_columns`), or
-    None where rows are not padded that way."""
+    a padded slot): `lead` ids (a word id), then its characters'; `bos` / `eos` are the tokens
+    put around each sentence; `pad` is the id that fills a row after a token's characters (so
+    trailing columns can be cut, `char_columns`), or None where rows are not padded that way."""
 
     @property
     def width(self) -> int: ...
+
+    @property
+    def lead(self) -> int: ...
 
     @property
     def bos(self) -> str: ...
@@ -70,6 +73,7 @@ class ByteChars:
     bos: str = BOS_TOKEN
     eos: str = EOS_TOKEN
     pad: int | None = PAD_CHAR + 1
+    lead: int = 0
 
     @property
     def width(self) -> int:
@@ -86,8 +90,10 @@ class CharTable:
     `ids(tokens)` gives each token a row number; `tokens[row]` is the token of a row.
     """
 
-    def __init__(self, token_ids: TokenIds | None = None):
-        self.token_ids: TokenIds = token_ids if token_ids is not None else ByteChars()
+    def __init__(self, token_ids: TokenIds | int | None = None):
+        if token_ids is None or isinstance(token_ids, int):  # an int: bilm-tf's ids of that many characters
+            token_ids = ByteChars() if token_ids is None else ByteChars(token_ids)
+        self.token_ids: TokenIds = token_ids
         self.max_chars = self.token_ids.width
         self.tokens: list[str] = []
         self._row: dict[str, int] = {}

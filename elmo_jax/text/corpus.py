@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from elmo_jax import stop_signals
-from elmo_jax.text.chars import MAX_CHARS
+from elmo_jax.text.chars import TokenIds
 from elmo_jax.text.tokenized import Tokenized, tokenize_sentences
 from elmo_jax.text.vocab import Vocabulary
 
@@ -51,7 +51,7 @@ class Corpus(Protocol):
         `shuffle_rng`), in order; the groups' sentences are disjoint and together every one."""
         ...
 
-    def tokenized(self, vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+    def tokenized(self, vocab: Vocabulary, token_ids: TokenIds | None = None) -> Tokenized:
         """Every sentence as word types (kept: later calls with the same vocabulary return it)."""
         ...
 
@@ -90,10 +90,10 @@ class InMemory:
         order = shuffle_rng(stream, seed, epoch).permutation(n) if shuffle else np.arange(n)
         return order[group::groups]
 
-    def tokenized(self, vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
-        key = (vocab.sha256, max_chars, len(self))
+    def tokenized(self, vocab: Vocabulary, token_ids: TokenIds | None = None) -> Tokenized:
+        key = (vocab.sha256, token_ids, len(self))
         if getattr(self, "_tokenized", (None,))[0] != key:
-            self._tokenized = (key, tokenize_sentences(self.stream(), vocab, max_chars))
+            self._tokenized = (key, tokenize_sentences(self.stream(), vocab, token_ids))
         return self._tokenized[1]
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from elmo_jax.text.chars import MAX_CHARS
+from elmo_jax.text.chars import TokenIds
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.text.word_types import WordTypes
 
@@ -93,7 +93,7 @@ class Tokenized(NamedTuple):
         return int((n + 1)[n > 0].sum())
 
 
-def join(parts: Sequence[Lines | Parted], vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+def join(parts: Sequence[Lines | Parted], vocab: Vocabulary, token_ids: TokenIds | None = None) -> Tokenized:
     """The pieces of a corpus, in order, as one `Tokenized`: each piece's ids are read (a cached
     piece reads them from its file then) into one array made beforehand, one piece at a time."""
     V = len(vocab)
@@ -109,9 +109,11 @@ def join(parts: Sequence[Lines | Parted], vocab: Vocabulary, max_chars: int = MA
         ids[outside] = to_global[ids[outside] - V]
         at += len(ids)
     starts = np.cumsum(lengths, dtype=np.int64) - lengths
-    return Tokenized(WordTypes(vocab, list(oov), max_chars), flat, starts, lengths)
+    return Tokenized(WordTypes(vocab, list(oov), token_ids), flat, starts, lengths)
 
 
-def tokenize_sentences(sentences: Iterable[list[str]], vocab: Vocabulary, max_chars: int = MAX_CHARS) -> Tokenized:
+def tokenize_sentences(
+    sentences: Iterable[list[str]], vocab: Vocabulary, token_ids: TokenIds | None = None
+) -> Tokenized:
     """Sentences held in memory (token lists) -> `Tokenized`."""
-    return join([number_words(list(sentences), vocab.word_ids)], vocab, max_chars)
+    return join([number_words(list(sentences), vocab.word_ids)], vocab, token_ids)

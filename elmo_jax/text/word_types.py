@@ -13,7 +13,7 @@ import operator
 
 import numpy as np
 
-from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, token_char_ids
+from elmo_jax.text.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, ByteChars, TokenIds, token_char_ids
 from elmo_jax.text.vocab import Vocabulary
 
 # A row's order key as a string of code points: each byte itself, then the end-of-word mark;
@@ -33,14 +33,20 @@ def order_key(token: str, max_chars: int = MAX_CHARS) -> str:
 
 
 class WordTypes:
-    """The vocabulary's words and the corpus's strings outside it (`oov`, in first-seen order)."""
+    """The vocabulary's words and the corpus's strings outside it (`oov`, in first-seen order);
+    their ids as `token_ids` gives them (bilm-tf's char ids by default)."""
 
-    def __init__(self, vocab: Vocabulary, oov: list[str], max_chars: int = MAX_CHARS):
+    def __init__(self, vocab: Vocabulary, oov: list[str], token_ids: TokenIds | None = None):
         self.strings = vocab.words + oov
-        self.vocab_size, self.max_chars = len(vocab), max_chars
+        token_ids = token_ids if token_ids is not None else ByteChars()
+        self.vocab_size, self.max_chars = len(vocab), token_ids.width
         n = len(self.strings)
         self.vocab_ids = np.arange(n, dtype=np.int32)  # type -> vocabulary id
         self.vocab_ids[len(vocab) :] = vocab.unk
+        if not isinstance(token_ids, ByteChars):
+            self._rank_rows(token_ids)
+            return
+        max_chars = token_ids.max_chars
         keys = [order_key(s, max_chars) for s in self.strings]
         by_key = sorted(range(n), key=keys.__getitem__)
         new = np.fromiter(map(operator.ne, [None] + [keys[t] for t in by_key[:-1]], (keys[t] for t in by_key)), bool, n)
@@ -51,6 +57,20 @@ class WordTypes:
         for start in range(0, n, CHUNK):
             part = slice(start, start + CHUNK)
             self.chars[self.ranks[part]] = token_char_ids(self.strings[part], max_chars)
+
+    def _rank_rows(self, token_ids: TokenIds) -> None:
+        """Ranks and rows for any other `TokenIds` (ELMoForManyLangs' dictionaries): the rows
+        themselves sorted (ties: one rank), `<S>` and `</S>` read as the model's boundaries."""
+        boundaries = {BOS_TOKEN: token_ids.bos, EOS_TOKEN: token_ids.eos}
+        rows = np.concatenate(
+            [
+                token_ids.encode([boundaries.get(s, s) for s in self.strings[start : start + CHUNK]])
+                for start in range(0, len(self.strings), CHUNK)
+            ]
+        )
+        unique, inverse = np.unique(rows.reshape(len(self.strings), token_ids.width), axis=0, return_inverse=True)
+        self.chars, self.ranks = unique.astype(np.uint32), inverse.reshape(-1).astype(np.int32)
+        self.n_ranks = len(unique)
 
     def __len__(self) -> int:
         return len(self.strings)

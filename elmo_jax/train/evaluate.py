@@ -27,6 +27,7 @@ from elmo_jax import stop_signals
 from elmo_jax.config import ModelConfig
 from elmo_jax.errors import RunFailed
 from elmo_jax.text.batcher import StreamBatcher
+from elmo_jax.text.chars import TokenIds
 from elmo_jax.text.corpus import Corpus, first_sentences
 from elmo_jax.text.vocab import Vocabulary
 from elmo_jax.train.parallel import DataParallel, data_parallel
@@ -68,11 +69,13 @@ def evaluate(
     unroll_steps: int = 20,
     max_sentences: int | None = None,
     parallel: DataParallel | None = None,
+    token_ids: TokenIds | None = None,
 ) -> dict[str, float]:
     """-> forward_perplexity, backward_perplexity, perplexity, tokens (predicted positions),
     oov_rate (the share of its words outside the vocabulary), and floor_perplexity where the
     corpus knows its floor (the demo corpus). `batch_size` rows in all, split over the devices
-    of `parallel` (default: all devices). Raises RunFailed for an impossible perplexity."""
+    of `parallel` (default: all devices); `token_ids`: how the model's tokens become ids (default
+    bilm-tf's). Raises RunFailed for an impossible perplexity."""
     parallel = parallel or data_parallel()
     parallel.check_rows(batch_size, "eval batch_size")
     if max_sentences is not None:
@@ -89,6 +92,7 @@ def evaluate(
         fixed_table=parallel.fixed_table,
         char_window=config.char_cnn.widest_filter,
         backward_order="shared",
+        token_ids=token_ids,
     )
     step = _jitted_eval(config, len(vocab), parallel)
     params = parallel.onto_mesh(params)
@@ -108,7 +112,7 @@ def evaluate(
         "backward_perplexity": safe_exp(backward),
         "perplexity": safe_exp(0.5 * (forward + backward)),
         "tokens": tokens,
-        "oov_rate": _oov_rate(corpus, vocab),
+        "oov_rate": _oov_rate(corpus, vocab, token_ids),
     }
     if corpus.floor_perplexity is not None:
         result["floor_perplexity"] = corpus.floor_perplexity
@@ -116,10 +120,10 @@ def evaluate(
     return result
 
 
-def _oov_rate(corpus: Corpus, vocab: Vocabulary) -> float:
+def _oov_rate(corpus: Corpus, vocab: Vocabulary, token_ids: TokenIds | None) -> float:
     """The share of the corpus's words outside the vocabulary; warns (once per corpus and
     vocabulary) where it is above HIGH_OOV."""
-    tokenized = corpus.tokenized(vocab)
+    tokenized = corpus.tokenized(vocab, token_ids)  # the batcher's: made once
     rate = tokenized.oov_rate()
     if rate > HIGH_OOV and (corpus.name, vocab.sha256) not in _warned:
         _warned.add((corpus.name, vocab.sha256))

@@ -12,17 +12,20 @@ from typing import NamedTuple
 
 import jax
 import ml_collections
+import numpy as np
 
 from elmo_jax import experiment, stop_signals
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import ModelConfig
 from elmo_jax.curves import plot_after_training
 from elmo_jax.errors import UserError
+from elmo_jax.interop.efml import EfmlTokens
 from elmo_jax.model_io import load_model, model_options
 from elmo_jax.progress import ProgressBar
 from elmo_jax.settings import TrainSettings
 from elmo_jax.stop_signals import Stopped
 from elmo_jax.text.batcher import StreamBatcher, epochs_done
+from elmo_jax.text.chars import TokenIds
 from elmo_jax.text.corpus import Corpus, first_sentences
 from elmo_jax.text.sources import open_corpus
 from elmo_jax.text.vocab import Vocabulary
@@ -45,6 +48,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, f
     stopped by SIGTERM / SIGINT, having saved a checkpoint of every step run). A start that
     fails or is stopped before its first step leaves the workdir as it found it."""
     experiment.validate(config)
+    Workdir(workdir).check_not_a_model()
     run_start = _RunStart(Workdir(workdir))
     preemption = Preemption()
     try:
@@ -107,6 +111,7 @@ class _Data(NamedTuple):
     hp: TrainSettings
     batcher: StreamBatcher
     total_steps: int
+    token_ids: TokenIds | None  # how the model's tokens become ids (None: bilm-tf's)
 
 
 def _open_data(
@@ -118,10 +123,17 @@ def _open_data(
     train_corpus = open_corpus(config.data.train, "train")
     heldout = open_corpus(config.data.heldout, "heldout") if config.data.heldout else None
     vocab, vocab_source = workdir.training_vocab(config, train_corpus)
-    tokenized = train_corpus.tokenized(vocab)  # kept for the batcher; counts the sentences without another pass
+    token_ids = _token_ids(config, workdir, model_config)
+    tokenized = train_corpus.tokenized(vocab, token_ids)  # kept for the batcher; counts the sentences too
     if len(train_corpus) == 0:
         raise UserError(f"{train_corpus.name}: no sentences (the files are empty)")
     outside = tokenized.oov_rate()
+    if isinstance(token_ids, EfmlTokens):  # what the model itself reads as <oov>
+        counts = np.bincount(tokenized.ids, minlength=len(tokenized.types))
+        words, chars = token_ids.unknown_shares(tokenized.types.strings, counts)
+        log.log(logging.WARNING if max(words, chars) > HIGH_OOV else logging.INFO,
+                "%s: %.1f%% of its tokens are outside the model's word.dic and %.1f%% of their characters outside its "
+                "char.dic: the model reads them as <oov>", train_corpus.name, 100 * words, 100 * chars)  # fmt: skip
     if outside > HIGH_OOV:
         log.warning("%s: %.1f%% of its words are outside the vocabulary of %d words: they are trained as <UNK> "
                     "(is the vocabulary the text's?)", train_corpus.name, 100 * outside, len(vocab))  # fmt: skip
@@ -141,6 +153,7 @@ def _open_data(
         groups=parallel.size,
         char_window=model_config.char_cnn.widest_filter,
         backward_order=config.data.backward_order,
+        token_ids=token_ids,
     )
     steps_per_epoch = batcher.steps_per_epoch()
     total_steps = math.ceil(t.n_epochs * steps_per_epoch)
@@ -169,7 +182,23 @@ def _open_data(
             hp.lr_reference_batch,
             f", reached after a warm-up of {hp.warmup_steps} steps" if hp.warmup_steps else "",
         )
-    return _Data(train_corpus, heldout, vocab, hp, batcher, total_steps)
+    return _Data(train_corpus, heldout, vocab, hp, batcher, total_steps, token_ids)
+
+
+def _token_ids(config: ml_collections.ConfigDict, workdir: Workdir, model_config: ModelConfig) -> TokenIds | None:
+    """How the run's tokens become ids: bilm-tf's (None), or the dictionaries of the
+    ELMoForManyLangs model it fine-tunes (copied into the workdir at its start, read there on
+    resuming)."""
+    if model_config.token_ids == "bytes" or workdir.char_dic.is_file():
+        return workdir.token_ids(model_config)
+    if not config.train.init_from:
+        raise UserError(
+            f"config.model.token_ids {model_config.token_ids!r}: the characters are numbered by the model's own "
+            "dictionaries; fine-tune an ELMoForManyLangs model (--config.train.init_from=FOLDER)"
+        )
+    token_ids = load_model(config.train.init_from).token_ids
+    workdir.keep_token_ids(token_ids)
+    return token_ids
 
 
 def _start_state(
@@ -218,7 +247,10 @@ def _train(config: ml_collections.ConfigDict, run_start: _RunStart, preemption: 
 
     def evaluate_heldout(params, corpus: Corpus | None) -> dict[str, float]:
         assert corpus is not None, "called only where there is held-out text"
-        return evaluate(params, corpus, vocab, model_config, t.eval_batch_size, t.unroll_steps, parallel=parallel)
+        return evaluate(
+            params, corpus, vocab, model_config, t.eval_batch_size, t.unroll_steps, parallel=parallel,
+            token_ids=data.token_ids,
+        )  # fmt: skip
 
     step_fn = make_train_step(model_config, hp, parallel, shardings)
     writer = MetricWriter(workdir, start)
