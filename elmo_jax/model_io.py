@@ -29,7 +29,16 @@ from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.experiment import train_settings
 from elmo_jax.hub import fetch_hub, is_hub
 from elmo_jax.interop.bilm_hdf5 import load_weights, save_weights
-from elmo_jax.interop.efml import EXPORTED_FILES, MODEL_CONFIG, EfmlTokens, is_efml_folder, load_efml, save_efml
+from elmo_jax.interop.efml import (
+    EXPORTED_FILES,
+    MODEL_CONFIG,
+    EfmlTokens,
+    folder_config,
+    is_efml_folder,
+    load_efml,
+    read_tokens,
+    save_efml,
+)
 from elmo_jax.model import Params
 from elmo_jax.model.bilm import params_on_first_device
 from elmo_jax.outputs import Folder, replacing
@@ -135,13 +144,25 @@ def model_options(path: str | Path) -> dict:
     without loading weights), or of a published model (by name or URL: downloaded first)."""
     path = Path(_fetched(path))
     if is_efml_folder(path) and not Workdir(path).is_run():
-        return load_efml(path)[0].to_options()
+        return folder_config(path).to_options()
     if Workdir(path).config_json.is_file():
         return Workdir(path).saved()["model"]
     options = _one_file(path, "options.json") if path.is_dir() else None
     if options is not None:
         return ModelConfig.load(options).to_options()
     raise MissingFile(f"{path}: neither a training workdir (config.json) nor a model folder (*options.json)")
+
+
+def model_token_ids(path: str | Path, config: ModelConfig) -> TokenIds | None:
+    """How the tokens of the model at `path` (of `config`, `model_options`') become ids, read
+    without its weights: its dictionaries for ELMoForManyLangs' models and runs fine-tuning them,
+    None for bilm-tf's."""
+    path = Path(_fetched(path))
+    if config.token_ids == "bytes":
+        return None
+    if Workdir(path).is_run():
+        return Workdir(path).token_ids(config)
+    return read_tokens(path, config)
 
 
 def _softmax_rows(path: Path) -> int | None:

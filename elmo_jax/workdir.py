@@ -125,6 +125,10 @@ class Workdir:
         remove_empty(made)
         return undone
 
+    def trained(self) -> bool:
+        """Whether a checkpoint of a step is here."""
+        return self.checkpoints.is_dir() and any(p.name.isdigit() for p in self.checkpoints.iterdir())
+
     def token_ids(self, model: ModelConfig) -> TokenIds | None:
         """How the run's tokens become ids: None for bilm-tf's (bytes); for ELMoForManyLangs'
         (config token_ids "dictionary"), the dictionaries here (`keep_token_ids`)."""
@@ -231,7 +235,7 @@ class Workdir:
             recorded = vocabulary.get("source")
             if recorded is not None and _same_source(recorded, source):
                 return vocab, source
-            trained = self.checkpoints.is_dir() and any(p.name.isdigit() for p in self.checkpoints.iterdir())
+            trained = self.trained()
             if trained and recorded is None:  # a workdir older than the record: checked as it was
                 _check_given(given, vocab, self.vocab_txt)
                 return vocab, None

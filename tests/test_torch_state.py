@@ -437,3 +437,28 @@ def test_refuses_a_tiny_file_that_asks_for_a_huge_array(tmp_path):
     """Overlapping strides: 20,000 x 20,000 elements (1.6 GB) from a storage of 40,000."""
     state = {"w": tensor(storage("0", 40_000, legacy=False), 0, (20_000, 20_000), (1, 1))}
     refusal(zip_file(tmp_path / "amp.pt", state, {"0": np.zeros(40_000, np.float32)}), "more elements than its storage")
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_every_pickle_protocol_torch_can_write(tmp_path, protocol):
+    """torch.save(..., pickle_protocol=4 or 5) memoizes with MEMOIZE and frames its opcodes."""
+    state = {
+        "w": tensor(storage("0", 2, legacy=False), 0, (2,), (1,)),
+        "b": tensor(storage("1", 1, legacy=False), 0, (), ()),
+    }
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=protocol).dump(state)
+    storages = {"0": np.array([0.0, 1.0], np.float32), "1": np.array([2.0], np.float32)}
+    path = zip_file(tmp_path / "p.pt", {}, storages, pickle_bytes=buffer.getvalue())
+    loaded = load_state_dict(path)
+    assert loaded["w"].tolist() == [0.0, 1.0] and loaded["b"].tolist() == 2.0
+
+
+def test_a_list_filled_after_it_was_memoized_counts_its_depth(tmp_path):
+    """A chain of lists, each memoized empty and then appended to the one before: as deep as the
+    chain, though every list was shallow when memoized."""
+    chain = bytearray(b"\x80\x02]q\x00")
+    for i in range(1, 100):
+        chain += b"]r" + struct.pack("<I", i) + b"j" + struct.pack("<I", i - 1) + b"a"
+    pickle_bytes = b"\x80\x02}X\x01\x00\x00\x00w" + bytes(chain[2:]) + b"s."
+    refusal(zip_file(tmp_path / "chain.pt", {}, {}, pickle_bytes=pickle_bytes), "nest more than")

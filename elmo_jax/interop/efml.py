@@ -32,6 +32,7 @@ from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.interop.torch_save import save_state_dict
 from elmo_jax.interop.torch_state import load_state_dict
 from elmo_jax.model import Params
+from elmo_jax.outputs import write_text
 
 FILES = ("config.json", "char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")
 # Their special symbols: sentence boundaries (as words and as characters), unknown, padding; word
@@ -203,7 +204,7 @@ def model_config(raw: dict[str, Any], n_chars: int, n_words: int, source: str) -
             f"{source}: encoder {encoder['name']!r}: only 'elmo' (every published model's; their 'lstm' is "
             "a plain torch LSTM, never published)"
         )
-    if isinstance(embedder.get("char_dim"), int) and embedder["char_dim"] == 0:
+    if embedder.get("char_dim") == 0 and not isinstance(embedder.get("char_dim"), bool):
         raise UserError(f"{source}: char_dim 0: a model without its char CNN is not supported")
     options: dict[str, Any] = {
         "lstm": {
@@ -435,16 +436,15 @@ def their_config(config: ModelConfig) -> dict[str, Any]:
 
 
 def _write_dic(path: Path, lexicon: dict[str, int]) -> None:
-    path.write_text(
-        "".join(f"{token}\t{i}\n" for token, i in sorted(lexicon.items(), key=lambda item: item[1])), "utf-8"
-    )
+    write_text(path, "".join(f"{token}\t{i}\n" for token, i in sorted(lexicon.items(), key=lambda item: item[1])))
 
 
 def write_dictionaries(folder: Path, tokens: EfmlTokens) -> None:
-    """FOLDER/char.dic and, with a word embedding, FOLDER/word.dic, in their format."""
-    _write_dic(folder / "char.dic", tokens.chars)
+    """FOLDER/word.dic (with a word embedding), then FOLDER/char.dic, in their format, each
+    written whole or not at all."""
     if tokens.words is not None:
         _write_dic(folder / "word.dic", tokens.words)
+    _write_dic(folder / "char.dic", tokens.chars)
 
 
 def read_tokens(folder: Path, config: ModelConfig) -> EfmlTokens:
@@ -460,9 +460,19 @@ def read_tokens(folder: Path, config: ModelConfig) -> EfmlTokens:
 
 
 def _check_ids(lexicon: dict[str, int], rows: int, path: Path) -> None:
+    """An entry per row of the model's table (ids below it): a cut or foreign file is refused."""
     top = max(lexicon.values())
-    if top >= rows:
-        raise UserError(f"{path}: id {top} is past the model's {rows} rows")
+    if top >= rows or len(lexicon) != rows:
+        raise UserError(f"{path}: {len(lexicon)} entries, ids up to {top}, for the model's {rows} rows")
+
+
+def folder_config(folder: Path) -> ModelConfig:
+    """An ELMoForManyLangs folder's config, from its model config and the sizes of its
+    dictionaries (their tables have a row per entry: `load_efml` checks), without its weights."""
+    raw, source = read_model_config(folder)
+    chars = read_dic(folder / "char.dic", (BOS, EOS, OOV, PAD, BOW, EOW))
+    words = read_dic(folder / "word.dic", (OOV, PAD)) if word_dim(raw, source) > 0 else {}
+    return model_config(raw, len(chars) + 1, len(words) + 1, source)
 
 
 def save_efml(folder: Path, config: ModelConfig, params: Params, tokens: EfmlTokens) -> None:

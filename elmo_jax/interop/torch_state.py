@@ -117,7 +117,7 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 def _int_tuple(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, tuple | list) or not all(_is_int(v) and v >= 0 for v in value):
-        raise _Bad(f"a tensor's {what} is {value!r}, not a tuple of counts")
+        raise _Bad(f"a tensor's {what} is {_short(value)}, not a tuple of counts")
     return tuple(value)
 
 
@@ -125,7 +125,7 @@ def _tensor(storage: object, offset: object, size: object, stride: object) -> _T
     if not isinstance(storage, _Storage):
         raise _Bad(f"{NOT_TENSORS}: a tensor is built on a {type(storage).__name__}, not a storage")
     if not (_is_int(offset) and offset >= 0):
-        raise _Bad(f"a tensor's storage offset is {offset!r}")
+        raise _Bad(f"a tensor's storage offset is {_short(offset)}")
     shape, strides = _int_tuple(size, "size"), _int_tuple(stride, "stride")
     if len(shape) != len(strides):
         raise _Bad(f"a tensor has size {shape} but stride {strides}")
@@ -153,7 +153,7 @@ class _Function(_StandIn):
                 raise _Bad(f"{NOT_TENSORS}: a parameter holds a {type(args[0]).__name__}")
             return args[0]
         if len(args) == 7 and args[6]:  # conj / neg bits
-            raise _Bad(f"a tensor has metadata {args[6]!r}, which is not supported")
+            raise _Bad(f"a tensor has metadata {_short(args[6])}, which is not supported")
         return _tensor(*args[:4])
 
 
@@ -189,39 +189,59 @@ class _Unpickler(pickle.Unpickler):
         return self.storage.load(pid)
 
 
+_FILLS = {"APPEND": 1, "SETITEM": 2, "BUILD": 1}  # opcodes that add their top items to the container under them
+_FILLS_TO_MARK = ("APPENDS", "SETITEMS", "ADDITEMS")  # ... the items above a mark, to the container under it
+
+
 def _check_nesting(file: IO[bytes]) -> None:
     """Reads one pickle's opcodes (not running them) and refuses one whose values would nest more
-    than MAX_NESTING deep: a small file of nested tuples crashes CPython (hash, repr) outright."""
-    stack: list[int] = []  # each item's depth; -1 a mark
-    memo: dict[Any, int] = {}
+    than MAX_NESTING deep: a small file of nested tuples crashes CPython (hash, repr) outright.
+    Each stack item is a cell holding its depth, shared with the memo, so that a container filled
+    after it was memoized deepens wherever it is used."""
+    stack: list[list[int] | None] = []  # depth cells; None: a mark
+    memo: dict[Any, list[int]] = {}
+
+    def pop(n: int) -> list[list[int]]:
+        if len(stack) < n or None in stack[len(stack) - n :]:
+            raise _Bad(f"{DAMAGED} (its pickle: its stack runs out)")
+        items = stack[len(stack) - n :]
+        del stack[len(stack) - n :]
+        return items  # type: ignore[return-value]  # no mark among them
+
+    def to_mark() -> list[list[int]]:
+        if None not in stack:
+            raise _Bad(f"{DAMAGED} (its pickle: a mark missing)")
+        at = len(stack) - 1 - stack[::-1].index(None)
+        items = stack[at + 1 :]
+        del stack[at:]
+        return items  # type: ignore[return-value]
+
     for op, arg, _ in pickletools.genops(file):
-        before, popped, container = op.stack_before, [], None
-        if pickletools.markobject in before:
-            while stack and stack[-1] != -1:
-                popped.append(stack.pop())
-            if not stack:
-                raise _Bad(f"{DAMAGED} (its pickle: a mark missing)")
-            stack.pop()
-            below = [stack.pop() for _ in range(before.index(pickletools.markobject)) if stack]
-            container = below[-1] if below else None
-        else:
-            if len(stack) < len(before):
-                raise _Bad(f"{DAMAGED} (its pickle: its stack runs out)")
-            popped = [stack.pop() for _ in before]
-            if op.name in ("APPEND", "SETITEM", "BUILD"):
-                container = popped.pop()
         if op.name == "MARK":
-            stack.append(-1)
+            stack.append(None)
         elif op.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):  # the top item, left on the stack
-            memo[len(memo) if op.name == "MEMOIZE" else arg] = stack[-1] if stack else 0
+            (top,) = pop(1)
+            stack.append(top)
+            memo[len(memo) if op.name == "MEMOIZE" else arg] = top
         elif op.name in ("GET", "BINGET", "LONG_BINGET"):
-            stack.append(memo.get(arg, 0))
-        elif container is not None:
-            stack.append(max(container, 1 + max(popped, default=0)))
+            stack.append(memo.get(arg, [0]))
         else:
-            stack.extend([1 + max(popped) if popped else 0] * len(op.stack_after))
-        if stack and max(stack[-1], container or 0) > MAX_NESTING:
-            raise _Bad(f"{NOT_TENSORS}: its values nest more than {MAX_NESTING} deep")
+            fills = op.name in _FILLS or op.name in _FILLS_TO_MARK
+            if op.name in _FILLS:
+                items = pop(_FILLS[op.name])
+            elif pickletools.markobject in op.stack_before:
+                items = to_mark()
+            else:
+                items = pop(len(op.stack_before))
+            depth = 1 + max((cell[0] for cell in items), default=-1)
+            if fills:
+                (container,) = pop(1)
+                container[0] = max(container[0], depth)
+                stack.append(container)
+            else:
+                stack.extend([max(depth, 0)] for _ in op.stack_after)
+            if depth > MAX_NESTING:
+                raise _Bad(f"{NOT_TENSORS}: its values nest more than {MAX_NESTING} deep")
 
 
 def _unpickle(file: IO[bytes], allowed: dict[str, object], storage: _StorageIds | None = None) -> Any:
@@ -269,13 +289,15 @@ class _StorageIds:
 def _array(name: str, tensor: _Tensor, root: np.ndarray) -> np.ndarray:
     """The tensor as a new C-contiguous array in native byte order, its bounds checked first."""
     storage, native = tensor.storage, tensor.storage.dtype.newbyteorder("=")
-    described = f"tensor {name!r} (size {_short(tensor.size)}, stride {_short(tensor.stride)}, offset {tensor.offset})"
+    described = (
+        f"tensor {_short(name)} (size {_short(tensor.size)}, stride {_short(tensor.stride)}, offset {tensor.offset})"
+    )
     if 0 in tensor.size:
         return np.zeros(tensor.size, native)  # no element: any other sizes cost nothing
     # More elements than the storage holds (stride 0, overlaps: an expanded tensor) only up to a
     # bound, else a tiny file could ask for any amount of memory.
-    if any(s < 0 for s in tensor.stride) or math.prod(tensor.size) > max(storage.numel, MAX_EXPANDED):
-        raise _Bad(f"{described}: a negative stride, or more elements than its storage of {storage.numel} holds")
+    if math.prod(tensor.size) > max(storage.numel, MAX_EXPANDED):
+        raise _Bad(f"{described}: more elements than its storage of {storage.numel} holds")
     extent = tensor.offset + sum((n - 1) * s for n, s in zip(tensor.size, tensor.stride)) + 1
     if extent > storage.numel or storage.start + extent > len(root):
         raise _Bad(f"{described} reaches element {extent} of a storage of {storage.numel}")
@@ -295,7 +317,7 @@ def _state_dict(result: object) -> dict[str, _Tensor]:
         if not isinstance(name, str):
             raise _Bad(f"{NOT_TENSORS}: a key {_short(name)} is not a string")
         if not isinstance(value, _Tensor):
-            raise _Bad(f"{NOT_TENSORS}: {name!r} holds a value of type {type(value).__name__}, not a tensor")
+            raise _Bad(f"{NOT_TENSORS}: {_short(name)} holds a value of type {type(value).__name__}, not a tensor")
     return dict(result)
 
 
@@ -319,7 +341,7 @@ def _read_zip(file: IO[bytes]) -> dict[str, np.ndarray]:
                 dtype, numel = ids.roots[key]
                 record = f"{folder}data/{key}"
                 if record not in names:
-                    raise _Bad(f"tensor {name!r}: its storage {record} is not in the archive")
+                    raise _Bad(f"tensor {_short(name)}: its storage {record} is not in the archive")
                 if names[record].file_size != numel * dtype.itemsize:
                     size = names[record].file_size
                     raise _Bad(f"{record} holds {size} bytes, not {numel} x {dtype} ({numel * dtype.itemsize})")
@@ -358,7 +380,7 @@ def _read_legacy(file: IO[bytes], size: int) -> dict[str, np.ndarray]:
     listed = set(keys)
     for name, tensor in tensors.items():
         if tensor.storage.key not in listed:
-            raise _Bad(f"tensor {name!r}: its storage {tensor.storage.key} is not in the file")
+            raise _Bad(f"tensor {_short(name)}: its storage {tensor.storage.key} is not in the file")
     roots = {key: _read_storage(file, key, size, *ids.roots.get(key, (None, 0))) for key in keys}
     return {name: _array(name, tensor, roots[tensor.storage.key]) for name, tensor in tensors.items()}
 

@@ -73,8 +73,9 @@ def char_columns(words_NC: np.ndarray, char_window: int | None, pad: int | None 
     C = words_NC.shape[1]
     if char_window is None:
         return C
-    filled = words_NC != pad  # the last column that is not padding: a character may share pad's id
-    longest = int(np.where(filled.any(axis=1), C - np.argmax(filled[:, ::-1], axis=1), 0).max(initial=0))
+    # After the last column any word fills: a character may share pad's id, so not a count.
+    filled = np.flatnonzero((words_NC != pad).any(axis=0))
+    longest = int(filled[-1]) + 1 if len(filled) else 0
     return min(C, round_up(longest + char_window, 8))
 
 
@@ -391,8 +392,8 @@ class StreamBatcher:
         if not mask.all():  # a position without a token reads `<S>` (as it always has), predicts id 0
             ranks = np.where(mask, ranks, types.ranks[self.vocab.bos])
             targets = np.where(mask, targets, 0)
-        # The batch's distinct rows of characters, in their order (`word_types.order_key`), so a
-        # batch is the same whatever was read before it (resuming reproduces it bit for bit).
+        # The batch's distinct rows of characters, in their ranks' order (`WordTypes`), so a batch
+        # is the same whatever was read before it (resuming reproduces it bit for bit).
         self._seen[ranks] = True
         distinct = np.flatnonzero(self._seen)
         self._seen[distinct] = False

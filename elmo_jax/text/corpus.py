@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from elmo_jax import stop_signals
-from elmo_jax.text.chars import TokenIds
+from elmo_jax.text.chars import ByteChars, TokenIds
 from elmo_jax.text.tokenized import Tokenized, tokenize_sentences
 from elmo_jax.text.vocab import Vocabulary
 
@@ -91,7 +91,7 @@ class InMemory:
         return order[group::groups]
 
     def tokenized(self, vocab: Vocabulary, token_ids: TokenIds | None = None) -> Tokenized:
-        key = (vocab.sha256, token_ids, len(self))
+        key = (vocab.sha256, token_ids or ByteChars(), len(self))
         if getattr(self, "_tokenized", (None,))[0] != key:
             self._tokenized = (key, tokenize_sentences(self.stream(), vocab, token_ids))
         return self._tokenized[1]

@@ -28,7 +28,7 @@ import numpy as np
 from elmo_jax import stop_signals
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.text import file_facts
-from elmo_jax.text.chars import TokenIds
+from elmo_jax.text.chars import ByteChars, TokenIds
 from elmo_jax.text.corpus import shuffle_rng
 from elmo_jax.text.token_cache import tokenize
 from elmo_jax.text.token_store import cache_root, identity, lines_sha256, non_empty
@@ -251,7 +251,7 @@ class ShardedCorpus:
 
     def tokenized(self, vocab: Vocabulary, token_ids: TokenIds | None = None) -> Tokenized:
         """Every shard's sentences as word types, through the token cache (token_cache.py)."""
-        key = (vocab.sha256, token_ids)
+        key = (vocab.sha256, token_ids or ByteChars())
         if self._tokenized is None or self._tokenized[0] != key:
             files = [(s.path, s.sha256()) if isinstance(s, Shard) and s.member is None else None for s in self.shards]
             parts = tokenize([s.identity() for s in self.shards], self._shard_lines, vocab, files, self.name)

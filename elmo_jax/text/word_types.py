@@ -34,7 +34,8 @@ def order_key(token: str, max_chars: int = MAX_CHARS) -> str:
 
 class WordTypes:
     """The vocabulary's words and the corpus's strings outside it (`oov`, in first-seen order);
-    their ids as `token_ids` gives them (bilm-tf's char ids by default)."""
+    their ids as `token_ids` gives them (bilm-tf's char ids by default): `ranks` (n,) int32, each
+    type's row of `chars` (n_ranks, width), uint16 for bilm-tf's, uint32 for dictionaries'."""
 
     def __init__(self, vocab: Vocabulary, oov: list[str], token_ids: TokenIds | None = None):
         self.strings = vocab.words + oov

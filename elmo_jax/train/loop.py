@@ -20,7 +20,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.curves import plot_after_training
 from elmo_jax.errors import UserError
 from elmo_jax.interop.efml import EfmlTokens
-from elmo_jax.model_io import load_model, model_options
+from elmo_jax.model_io import load_model, model_options, model_token_ids
 from elmo_jax.progress import ProgressBar
 from elmo_jax.settings import TrainSettings
 from elmo_jax.stop_signals import Stopped
@@ -187,16 +187,16 @@ def _open_data(
 
 def _token_ids(config: ml_collections.ConfigDict, workdir: Workdir, model_config: ModelConfig) -> TokenIds | None:
     """How the run's tokens become ids: bilm-tf's (None), or the dictionaries of the
-    ELMoForManyLangs model it fine-tunes (copied into the workdir at its start, read there on
-    resuming)."""
-    if model_config.token_ids == "bytes" or workdir.char_dic.is_file():
+    ELMoForManyLangs model it fine-tunes (copied into the workdir until its first checkpoint,
+    read there once it has one)."""
+    if model_config.token_ids == "bytes" or workdir.trained():
         return workdir.token_ids(model_config)
     if not config.train.init_from:
         raise UserError(
             f"config.model.token_ids {model_config.token_ids!r}: the characters are numbered by the model's own "
             "dictionaries; fine-tune an ELMoForManyLangs model (--config.train.init_from=FOLDER)"
         )
-    token_ids = load_model(config.train.init_from).token_ids
+    token_ids = model_token_ids(config.train.init_from, model_config)  # every process: none waits for a file
     workdir.keep_token_ids(token_ids)
     return token_ids
 
