@@ -46,7 +46,8 @@ NOT_TENSORS = "not a PyTorch state dict of tensors"
 DAMAGED = "not a PyTorch file, or a truncated or damaged one"
 MAX_EXPANDED = 1 << 24  # elements a tensor may have beyond its storage's (stride 0: expanded)
 MAX_NESTING = 32  # a state dict's pickle nests about 5 deep; far deeper ones crash CPython's hash and repr
-_REPR = reprlib.Repr(maxlevel=2, maxstring=60, maxother=60, maxtuple=6, maxlist=6, maxdict=4)
+_REPR = reprlib.Repr()  # Python 3.11's takes no settings as arguments
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxtuple, _REPR.maxlist, _REPR.maxdict = 2, 60, 60, 6, 6, 4
 
 
 def _short(value: object) -> str:
