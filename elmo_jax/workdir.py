@@ -223,7 +223,10 @@ class Workdir:
         from `corpus` (min_count), and saved (process 0 writes)."""
         given = Vocabulary.load(config.data.vocab) if config.data.vocab else None
         source = vocab_source(config, corpus, given)
-        if self.vocab_txt.is_file():
+        # Another process than 0 may find the vocab.txt process 0 has just written for this run,
+        # before its config.json: it makes the same vocabulary itself (process 0 checks the file).
+        written_by_process_0 = jax.process_index() != 0 and not self.config_json.is_file()
+        if self.vocab_txt.is_file() and not written_by_process_0:
             vocab = self.vocab()
             vocabulary = self.saved().get("vocabulary") if self.config_json.is_file() else None
             if vocabulary is None:  # no config.json of ours says this file is ours
