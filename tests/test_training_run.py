@@ -113,6 +113,22 @@ def test_a_shared_order_run_resumes_in_its_order_as_do_workdirs_older_than_the_s
 
 
 @pytest.mark.slow
+def test_another_process_makes_the_vocabulary_process_0_has_just_written(tmp_path, text_data, monkeypatch):
+    """At a multi-process start, process 0 writes vocab.txt, then config.json: a process that
+    comes between the two makes the same vocabulary itself (it used to refuse the file as one no
+    config.json accounts for, failing the run)."""
+    from elmo_jax.text.sources import open_corpus
+    from elmo_jax.workdir import Workdir
+
+    config = tiny_config(text_data)
+    corpus = open_corpus(config.data.train, "train")
+    first, _ = Workdir(tmp_path).training_vocab(config, corpus)
+    assert (tmp_path / "vocab.txt").is_file() and not (tmp_path / "config.json").exists()
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    again, _ = Workdir(tmp_path).training_vocab(config, corpus)
+    assert again.words == first.words
+
+
 def test_a_trained_model_exported_and_reimported_embeds_identically(tmp_path, text_data, caplog):
     """Trained with the full softmax (config.train.sample_softmax false), exported, reimported."""
     from elmo_jax import Elmo, batch_to_ids
