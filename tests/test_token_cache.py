@@ -5,6 +5,7 @@ warning, a warm start that reads no text, and worker processes that fail or are 
 import errno
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -279,7 +280,8 @@ def test_a_failed_worker_stops_the_run_naming_it_and_its_file(workers):
     with pytest.raises(RunFailed) as failed:
         tokenize_files(paths, vocab)
     message = str(failed.value)
-    assert "tokenizing worker 1 of 2" in message and "exited with status 3 on" in message
+    # Both workers fail; the first the wait sees is named (either, by timing: CI's py311 lane saw 2).
+    assert re.search(r"tokenizing worker [12] of 2 \(pid \d+\) exited with status 3 on", message), message
     assert "shard" in message and message.count("MemoryError: the worker ran out") == 1
     assert "run again to go on" in message
     assert not list(cache.glob(".vocab*")) and not list(cache.glob("*.npz"))
