@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_jax.config import ModelConfig
+from elmo_jax.config import ModelConfig, read_json
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.interop.torch_save import save_state_dict
 from elmo_jax.interop.torch_state import load_state_dict
@@ -148,28 +148,19 @@ def read_model_config(folder: Path) -> tuple[dict[str, Any], str]:
     """The model config that config.json's `config_path` names, found as their code finds it:
     FOLDER/config_path, else the folder's file of that name (the published config.json give a
     path on their authors' machine), else their package's (`PACKAGE_CONFIGS`); and where it came from."""
-    top = _json(folder / "config.json")
+    top = read_json(folder / "config.json", "ELMoForManyLangs config.json")
     name = top.get("config_path") if isinstance(top, dict) else None
     if not isinstance(name, str):
         raise UserError(f"{folder / 'config.json'}: no config_path (the model config's file name)")
     for local in (folder / name, folder / Path(name).name):
         if local.is_file():
-            return _json(local), str(local)
+            return read_json(local, "ELMoForManyLangs model config"), str(local)
     if Path(name).name in PACKAGE_CONFIGS:
         return PACKAGE_CONFIGS[Path(name).name], f"their package's {Path(name).name}"
     raise MissingFile(
         f"{folder / 'config.json'}: config_path {name} is neither in the folder nor one of their package's "
         f"({', '.join(PACKAGE_CONFIGS)}): copy it into the folder"
     )
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MissingFile(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
 
 
 def _part(raw: Any, name: str, source: str) -> dict[str, Any]:
@@ -254,12 +245,8 @@ def _rows(token: dict[str, np.ndarray], key: str, lexicon: dict[str, int], dic: 
     """The rows of an embedding in token_embedder.pkl, which every id of its dictionary must have."""
     if key not in token or token[key].ndim != 2:
         raise UserError(f"{dic.parent / 'token_embedder.pkl'}: missing key {key} (a 2-D embedding table)")
-    rows, top = token[key].shape[0], max(lexicon.values())
-    if top >= rows or len(lexicon) != rows:  # their embedding has a row per entry: they fail otherwise
-        raise UserError(
-            f"{dic}: {len(lexicon)} entries, ids up to {top}, where {key} in token_embedder.pkl has {rows} rows: "
-            "not this model's dictionary"
-        )
+    rows = token[key].shape[0]
+    _check_ids(lexicon, rows, dic, f"{key} in token_embedder.pkl")
     return rows
 
 
@@ -451,19 +438,23 @@ def read_tokens(folder: Path, config: ModelConfig) -> EfmlTokens:
     """The token ids of FOLDER's char.dic (and word.dic, where `config` has a word embedding),
     each id checked against the config's tables."""
     chars = read_dic(folder / "char.dic", (BOS, EOS, OOV, PAD, BOW, EOW))
-    _check_ids(chars, config.char_cnn.n_characters - 1, folder / "char.dic")
+    _check_ids(chars, config.char_cnn.n_characters - 1, folder / "char.dic", "the model's char table")
     words = None
     if config.word_embedding is not None:
         words = read_dic(folder / "word.dic", (OOV, PAD))
-        _check_ids(words, config.word_embedding.n_words - 1, folder / "word.dic")
+        _check_ids(words, config.word_embedding.n_words - 1, folder / "word.dic", "the model's word table")
     return EfmlTokens(chars, words, config.char_cnn.max_characters_per_token)
 
 
-def _check_ids(lexicon: dict[str, int], rows: int, path: Path) -> None:
-    """An entry per row of the model's table (ids below it): a cut or foreign file is refused."""
+def _check_ids(lexicon: dict[str, int], rows: int, path: Path, table: str) -> None:
+    """An entry per row of `table` (ids below its `rows`), as their embeddings have: a cut or
+    foreign dictionary is refused (their code fails on it too)."""
     top = max(lexicon.values())
     if top >= rows or len(lexicon) != rows:
-        raise UserError(f"{path}: {len(lexicon)} entries, ids up to {top}, for the model's {rows} rows")
+        raise UserError(
+            f"{path}: {len(lexicon)} entries, ids up to {top}, where {table} has {rows} rows: "
+            "not this model's dictionary"
+        )
 
 
 def folder_config(folder: Path) -> ModelConfig:
