@@ -42,6 +42,10 @@ PRIORS = {**{f: 1.0 for f in FEATURES}, "launches": 0.65e-6, "step": 1.1e-3}
 PRIOR_WEIGHT = 0.05
 # Targets whose rates were measured on a device of their own; GPUs without borrow the H200's.
 MEASURED_TARGETS = ("h200",)
+# Our Pallas kernels that ran in the measured runs (gpu.sh of 2026-12-04 at 8ea964e, the
+# "pallas cell" runs): the pallas class's rate is fitted on them alone. Any other kernel of ours
+# (the char CNN's, a fused matmul's) has never run on a device: its expected time borrows that rate.
+MEASURED_PALLAS = ("lstm_forward_cell", "lstm_forward_output", "lstm_backward_cell", "lstm_backward_output")
 
 
 def feature_of(kernel: Kernel, target) -> str | None:
@@ -123,6 +127,22 @@ def rates_table(target) -> dict:
     return data
 
 
+def pallas_name(kernel: Kernel) -> str:
+    """The name a Pallas kernel of ours was given (its pallas_call's, in the JAX op)."""
+    return kernel.source.removesuffix("/pallas_call").rsplit("/", 1)[-1]
+
+
+def never_run(kernels: list[Kernel]) -> dict[str, float]:
+    """Our Pallas kernels of the program that no measured run had (not in MEASURED_PALLAS), by
+    name: the FLOPs of their products a step (0 for one without), whose expected time borrows
+    the pallas class's rate fitted on the measured ones."""
+    out: dict[str, float] = {}
+    for k in kernels:
+        if k.kind == "pallas" and (name := pallas_name(k)) not in MEASURED_PALLAS:
+            out[name] = out.get(name, 0.0) + k.runs * k.flops
+    return out
+
+
 def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None:
     """The expected step on `target` and where it comes from, or None (a TPU: no rates measured
     on one, and its compiler's kernels are not a GPU's). A GPU other than the H200 borrows the
@@ -138,6 +158,7 @@ def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None
     )
     worst = max(abs(r["error"]) for r in data["leave_one_out"])
     return {
+        "never_run": never_run(kernels),
         "step_s": predict(x, rates) + collectives_s,
         "rates_from": data["target"],
         "borrowed": data["target"] != target.name,

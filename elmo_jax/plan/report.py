@@ -169,6 +169,12 @@ def _expected_lines(e: dict | None) -> list[str]:
             f"  {k['above_floor_s'] * 1e3:7.2f} {k['runs']:4d} {k['kind']:14s} {k['part']:12s} "
             f"{k['source'][-60:] or k['name']}"
         )
+    if e["never_run"]:
+        names = ", ".join(f"{name} ({'with' if flops else 'no'} matmuls)" for name, flops in e["never_run"].items())
+        lines.append(
+            f"never run on a device: {names}; their expected time borrows the rate of the Pallas class, fitted on "
+            f"our LSTM cell's kernels ({', '.join(rates.MEASURED_PALLAS)}), which have no matmuls"
+        )
     return lines
 
 
