@@ -286,9 +286,10 @@ def test_both_schedules_give_the_same_gradients():
         assert_within_rounding(got, w, s)
 
 
+@pytest.mark.parametrize("ours", ["pallas", "fused"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n_layers, skip, dropout", [(3, True, True), (2, False, False)])
-def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout, monkeypatch):
+def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dropout, monkeypatch):
     """The wavefront's training step with its cell and outputs as our Pallas kernels, forward
     and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
     state and every gradient equal the XLA cell's, with masked steps, a carried state, with both
@@ -296,11 +297,14 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
     In float32 the matmuls that contract over the cell (the projection, the gates' transposed
     product) run as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks
     as wide), which the kernels add; in bfloat16, whose products this CPU rounds, one each, as
-    the XLA cell's (blocks of a whole cell)."""
+    the XLA cell's (blocks of a whole cell). The same with the gates' matmul in the forward's
+    kernel ("fused"), which multiplies its block of rows by W 2 rows at a time (of [inputs; h]'s
+    Q = 8 here: 4 partial products added in float32, as a GPU's matmul adds its parts)."""
     from elmo_jax.model import cell_kernels
 
     if dtype == "float32":
         monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
+    monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH", 2)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
@@ -323,16 +327,16 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
         return jax.jit(lambda *args: jax.tree.leaves(jax.value_and_grad(loss, argnums=(0, 1, 2))(*args, cell)))
 
     args = (params, x, state)
-    program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, "pallas")))(*args))
-    assert all(
-        f"lstm_{kernel}" in program for kernel in ("forward_cell", "forward_output", "backward_cell", "backward_output")
-    )
+    program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, ours)))(*args))
+    forward = "gates_and_forward_cell" if ours == "fused" else "forward_cell"
+    kernels = (forward, "forward_output", "backward_cell", "backward_output")
+    assert all(f"lstm_{kernel}" in program for kernel in kernels)
     # On a GPU the two add the same products in other orders (float32), which the bfloat16
     # roundings that follow can amplify: there, the spread of one bfloat16 rounding of the inputs.
     on_gpu_in_bfloat16 = dtype == "bfloat16" and jax.default_backend() != "cpu"
     eps = BFLOAT16_EPS if on_gpu_in_bfloat16 else EPS
     want, spread = value_and_rounding_spread(value_and_grads("xla"), args, eps=eps)
-    for got, w, s in zip(value_and_grads("pallas")(*args), want, spread, strict=True):
+    for got, w, s in zip(value_and_grads(ours)(*args), want, spread, strict=True):
         assert_within_rounding(got, w, s)
 
 
