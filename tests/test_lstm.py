@@ -298,13 +298,14 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
     product) run as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks
     as wide), which the kernels add; in bfloat16, whose products this CPU rounds, one each, as
     the XLA cell's (blocks of a whole cell). The same with the gates' matmul in the forward's
-    kernel ("fused"), which multiplies its block of rows by W 2 rows at a time (of [inputs; h]'s
-    Q = 8 here: 4 partial products added in float32, as a GPU's matmul adds its parts)."""
+    kernel ("fused"), which multiplies its block of rows by W 8 bytes of a row at a time (of
+    [inputs; h]'s Q = 8 here: 4 or 2 partial products added in float32, as a GPU's matmul adds
+    its parts)."""
     from elmo_jax.model import cell_kernels
 
     if dtype == "float32":
         monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
-    monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH", 2)
+    monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH_BYTES", 8)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from elmo_jax.model.backend import backend
 from elmo_jax.model.cell_math import (
@@ -57,10 +58,13 @@ _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its c
 # added by our kernel after it, not by a kernel of XLA's of their own, each step. A part has at
 # least _PART_COLUMNS columns, and the kernels' blocks as many as divide every part.
 _PARALLEL_BLOCKS, _PART_COLUMNS = 128, 32
-# The kernel with the gates' matmul in it (`gates_and_forward_cell`): a block's columns of each
-# of the 4 gates at most, and the rows of W it multiplies at a time (Triton stages them in shared
-# memory: small enough for an A100's in float32; the plan compiles it for each GPU target).
-_FUSED_COLUMNS, _FUSED_DEPTH = 64, 32
+# The kernel with the gates' matmul in it (`gates_and_forward_cell`), at most: a block's rows,
+# and columns of each of the 4 gates (a 128 x 256 tile, as Triton's matmuls on Hopper take, in
+# 8 warps); the bytes of each row of W that it multiplies at a time (64 rows in bfloat16, 32 in
+# float32: the 3 stages of operands that Triton keeps in shared memory fit an A100's, 164 kB;
+# `elmo_jax plan` compiles it for each GPU target). Its blocks of rows are each read from L2 once
+# per block of columns, and W's once per block of rows: large blocks both ways.
+_FUSED_ROWS, _FUSED_COLUMNS, _FUSED_DEPTH_BYTES, _FUSED_WARPS = 128, 64, 128, 8
 
 
 class _Block:
@@ -269,7 +273,9 @@ def _call(
     touched: int,
     flops: int | None = None,
     parts: tuple[int, ...] = (),
+    rows: int = _BLOCK_ROWS,
     columns: int = _BLOCK_COLUMNS,
+    warps: int | None = None,
     **static,
 ):
     """pallas_call of `kernel` (with the `static` arguments, B among them) over blocks of (R, C):
@@ -279,11 +285,12 @@ def _call(
     that input's buffer, written in place. The kernel gets each ref by its name (an aliased pair
     as the output's). It declares `touched` bytes and its products' `flops` (`elmo_jax.plan`). A
     block's columns divide C and each width in `parts` (the columns' parts that the kernel reads
-    or writes, `in_parts`), at most `columns` of them."""
+    or writes, `in_parts`), at most `columns` of them; its rows divide B, at most `rows`. `warps`:
+    Triton's warps a program (None: its default)."""
     first = next(iter(blocked.values()))
     refuse_where_unable("lstm_cell", first)
     R, C, B = first.shape[0], first.shape[-1], static["B"]
-    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, columns, *parts)
+    n_rows, n_columns = math.gcd(B, rows), math.gcd(C, columns, *parts)
     inputs = [*whole, "counter", *blocked, "mask"]
     aliases = {inputs.index(o): i for i, o in enumerate(outputs) if o in inputs}
 
@@ -312,6 +319,7 @@ def _call(
         interpret=backend() != "gpu",
         name=name,
         metadata=metadata(touched, flops),
+        compiler_params=None if warps is None else pltriton.CompilerParams(num_warps=warps),
     )
     counter = jnp.reshape(counter, (1,)).astype(jnp.int32)
     results = call(*whole.values(), counter, *blocked.values(), mask_LBS)
@@ -352,7 +360,7 @@ def forward_cell(s, z_LDJBGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, 
     L, D, B, C = c0_LDBC.shape
     z = z_LDJBGc.reshape(L * D, -1, B, 4, z_LDJBGc.shape[-1])
     return _forward(
-        _forward_kernel, "lstm_forward_cell", s, {"z": z}, read=(z,), flops=None, columns=_BLOCK_COLUMNS,
+        _forward_kernel, "lstm_forward_cell", s, {"z": z}, read=(z,), flops=None,
         b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
         J=J, clip=clip,
     )  # fmt: skip
@@ -364,8 +372,8 @@ def gates_and_forward_cell(
     """`forward_cell` with the gates' matmul in the kernel (`lstm_cell="fused"`): the matmul's
     operand [inputs; h] (L, D, B, Q) and the gates' weights (L, D, J', Q, 4, C / J') in the
     compute dtype, the cell's columns in J' parts (`parts`), instead of their product z: each
-    grid program multiplies its block of rows by its 4 gates' block of columns, _FUSED_DEPTH
-    rows of W at a time, and its gates go from registers into the cell's arithmetic, rounded to
+    grid program multiplies its block of rows by its 4 gates' block of columns, a few rows of W
+    at a time (_FUSED_DEPTH_BYTES), and its gates go from registers into the cell's arithmetic, rounded to
     the compute dtype as the matmul's result; they never reach device memory. Other arguments
     and the results as `forward_cell`'s.
 
@@ -377,19 +385,20 @@ def gates_and_forward_cell(
     rows, W = rows_LDBQ.reshape(L * D * B, Q), W_LDJQGc.reshape(L * D, *W_LDJQGc.shape[2:])
     return _forward(
         _gates_and_forward_kernel, "lstm_gates_and_forward_cell", s, {"rows": rows, "W": W},
-        read=(rows, W), flops=2 * L * D * B * Q * 4 * C, columns=_FUSED_COLUMNS, depth=math.gcd(Q, _FUSED_DEPTH),
+        read=(rows, W), flops=2 * L * D * B * Q * 4 * C, depth=math.gcd(Q, _FUSED_DEPTH_BYTES // rows.dtype.itemsize),
+        rows=_FUSED_ROWS, columns=_FUSED_COLUMNS, warps=_FUSED_WARPS,
         b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
         J=J, clip=clip,
     )  # fmt: skip
 
 
 def _forward(
-    kernel, name, s, gates: dict, *, read, flops, columns, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC,
+    kernel, name, s, gates: dict, *, read, flops, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC,
     J, clip, **static,
 ):  # fmt: skip
     """`forward_cell` and `gates_and_forward_cell` around their kernels: `gates` what the kernel
     computes the gates from (whole arrays; their bytes `read`, each once), its products' `flops`,
-    a block's columns at most `columns`."""
+    the rest `_call`'s and the kernel's."""
     L, D, B, C = c0_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
     c0 = c0_LDBC.reshape(R, C)
@@ -417,7 +426,6 @@ def _forward(
         touched=touched,
         flops=flops,
         parts=(gate_columns, C // J),
-        columns=columns,
         clip=clip,
         B=B,
         D=D,
