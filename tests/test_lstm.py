@@ -386,6 +386,23 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
         jax.jit(data_parallel)(z)
 
 
+def test_the_fused_cell_is_refused_where_its_products_are_too_small_for_triton():
+    """Traced for a GPU, the kernel with the gates' matmul in it refuses blocks under 16 rows
+    (B = 4 rows here), which Triton's matmuls do not take, naming the cell that still runs."""
+    from elmo_jax.errors import UserError
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.cell_kernels import gates_and_forward_cell
+
+    L, D, B, S, C, Q = 2, 2, 4, 3, 64, 32
+    with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 64, 32\).*use lstm_cell='pallas'"):
+        gates_and_forward_cell(
+            0, jnp.zeros((L, D, B, Q)), jnp.zeros((L, D, 1, Q, 4, C)), b_LDG=jnp.zeros((L, D, 4 * C)),
+            c0_LDBC=jnp.zeros((L, D, B, C)), mask_LBS=jnp.ones((L, B, S), jnp.int32),
+            acts_LDBSG=jnp.zeros((L, D, B, S, 4 * C)), c_LDBSC=jnp.zeros((L, D, B, S, C)),
+            a_LDBSC=jnp.zeros((L, D, B, S, C)), J=1, clip=None,
+        )  # fmt: skip
+
+
 def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
     """lstm_cell='auto' (the default) is the Pallas cell where it was measured faster (a GPU, its
     default wavefront schedule, 2+ layers) and XLA's cell elsewhere; a cell named is kept."""
@@ -394,7 +411,8 @@ def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
     two, one = random_case(2, True)[0], random_case(1, True)[0]
     assert two.lstm_cell == "auto" and cell(two) == "xla"  # this CPU
     with tracing_for("gpu"):
-        assert cell(two) == "pallas"
+        assert cell(two) == "pallas"  # "fused" only where named: it has not run on a GPU yet
+        assert cell(dataclasses.replace(two, lstm_cell="fused")) == "fused"
         assert cell(dataclasses.replace(two, lstm_schedule="layers")) == "xla"
         assert cell(one) == "xla"
         assert cell(dataclasses.replace(two, lstm_cell="xla")) == "xla"

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend
 from elmo_jax.model.cell_math import (
     GATES,
@@ -291,6 +292,8 @@ def _call(
     refuse_where_unable("lstm_cell", first)
     R, C, B = first.shape[0], first.shape[-1], static["B"]
     n_rows, n_columns = math.gcd(B, rows), math.gcd(C, columns, *parts)
+    if flops is not None:
+        _refuse_small_products(n_rows, n_columns, static["depth"])
     inputs = [*whole, "counter", *blocked, "mask"]
     aliases = {inputs.index(o): i for i, o in enumerate(outputs) if o in inputs}
 
@@ -324,6 +327,17 @@ def _call(
     counter = jnp.reshape(counter, (1,)).astype(jnp.int32)
     results = call(*whole.values(), counter, *blocked.values(), mask_LBS)
     return dict(zip(outputs, results))
+
+
+def _refuse_small_products(*block: int) -> None:
+    """A UserError where a kernel's products would run on blocks (rows, columns, depth) that
+    Triton's matmuls do not take (a side under 16) on a GPU."""
+    if backend() == "gpu" and min(block) < 16:
+        raise UserError(
+            f"lstm_cell='fused' multiplies blocks of (rows, columns, depth) {block} here, and Triton's matmuls need "
+            "16 or more each way (rows per device a multiple of 16, the cell and projection multiples of 16): use "
+            "lstm_cell='pallas'"
+        )
 
 
 def _slot(buffer_RS) -> jax.ShapeDtypeStruct:
@@ -360,7 +374,7 @@ def forward_cell(s, z_LDJBGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, 
     L, D, B, C = c0_LDBC.shape
     z = z_LDJBGc.reshape(L * D, -1, B, 4, z_LDJBGc.shape[-1])
     return _forward(
-        _forward_kernel, "lstm_forward_cell", s, {"z": z}, read=(z,), flops=None,
+        _forward_kernel, "lstm_forward_cell", s, {"z": z}, gate_columns=z.shape[-1], read=(z,), flops=None,
         b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
         J=J, clip=clip,
     )  # fmt: skip
@@ -385,7 +399,8 @@ def gates_and_forward_cell(
     rows, W = rows_LDBQ.reshape(L * D * B, Q), W_LDJQGc.reshape(L * D, *W_LDJQGc.shape[2:])
     return _forward(
         _gates_and_forward_kernel, "lstm_gates_and_forward_cell", s, {"rows": rows, "W": W},
-        read=(rows, W), flops=2 * L * D * B * Q * 4 * C, depth=math.gcd(Q, _FUSED_DEPTH_BYTES // rows.dtype.itemsize),
+        gate_columns=W.shape[-1], read=(rows, W), flops=2 * L * D * B * Q * 4 * C,
+        depth=math.gcd(Q, _FUSED_DEPTH_BYTES // rows.dtype.itemsize),
         rows=_FUSED_ROWS, columns=_FUSED_COLUMNS, warps=_FUSED_WARPS,
         b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
         J=J, clip=clip,
@@ -393,12 +408,12 @@ def gates_and_forward_cell(
 
 
 def _forward(
-    kernel, name, s, gates: dict, *, read, flops, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC,
+    kernel, name, s, gates: dict, *, gate_columns, read, flops, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC,
     J, clip, **static,
 ):  # fmt: skip
     """`forward_cell` and `gates_and_forward_cell` around their kernels: `gates` what the kernel
-    computes the gates from (whole arrays; their bytes `read`, each once), its products' `flops`,
-    the rest `_call`'s and the kernel's."""
+    computes the gates from (whole arrays; their bytes `read`, each once), in parts of the cell's
+    columns `gate_columns` wide, its products' `flops`, the rest `_call`'s and the kernel's."""
     L, D, B, C = c0_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
     c0 = c0_LDBC.reshape(R, C)
@@ -409,7 +424,6 @@ def _forward(
         _slot(acts), _slot(cells), _slot(a_slots), a,  # written: the slots and the projection's operand
         _rows(R, 1, jnp.int32),  # the mask's rows
     )  # fmt: skip
-    gate_columns = next(iter(gates.values())).shape[-1]  # the width of the gates' parts of the cell's columns
     out = _call(
         kernel,
         name,
