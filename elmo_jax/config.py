@@ -138,9 +138,10 @@ class ModelConfig(ComputeSettings):
             value, allowed = getattr(self, name), rule(ComputeSettings, name)
             if not allowed.ok(value):
                 raise UserError(f"{source}: {name} {value!r} is not {allowed.allowed}")
-        if self.lstm_cell == "pallas" and (self.lstm_schedule != "wavefront" or self.lstm.n_layers < 2):
+        if self.lstm_cell in ("pallas", "fused") and (self.lstm_schedule != "wavefront" or self.lstm.n_layers < 2):
             raise UserError(
-                f"{source}: lstm_cell 'pallas' is the wavefront's: it needs lstm_schedule 'wavefront' and 2+ layers"
+                f"{source}: lstm_cell {self.lstm_cell!r} is the wavefront's: it needs lstm_schedule 'wavefront' and 2+ "
+                "layers"
             )
         if self.token_ids == "bytes":
             if self.char_cnn.n_characters != N_CHARACTERS:

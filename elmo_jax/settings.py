@@ -25,7 +25,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # published sizes, wavefront on accelerators).
 LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 # The LSTM cell's elementwise work in training: XLA's fusions, or our Pallas kernels (elmo_jax/model/cell_kernels.py).
-LSTM_CELLS = ("auto", "xla", "pallas")
+LSTM_CELLS = ("auto", "xla", "pallas", "fused")
 # The char CNN's convolutions and max over positions: XLA's, or our Pallas kernels (elmo_jax/model/char_kernels.py).
 CHAR_CONVS = ("auto", "xla", "pallas")
 # The backward LM's order of sentences in training (elmo_jax/text/batcher.py).
@@ -83,8 +83,10 @@ class ComputeSettings:
     lstm_cell: str = setting(
         "auto",
         one_of(LSTM_CELLS),
-        "the wavefront's training cell: xla (XLA's fusions) or pallas (our Triton kernels, two a step each way; "
-        "GPUs only); auto: pallas on GPUs where the schedule is the wavefront of 2+ layers, else xla",
+        "the wavefront's training cell: xla (XLA's fusions), pallas (our Triton kernels, two a step each way; "
+        "GPUs only) or fused (pallas with the gates' matmul inside the forward's cell kernel, the gates kept off "
+        "device memory; not yet timed on a GPU); auto: pallas on GPUs where the schedule is the wavefront of 2+ "
+        "layers, else xla",
     )
     char_conv: str = setting(
         "auto",

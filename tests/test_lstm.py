@@ -286,9 +286,10 @@ def test_both_schedules_give_the_same_gradients():
         assert_within_rounding(got, w, s)
 
 
+@pytest.mark.parametrize("ours", ["pallas", "fused"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n_layers, skip, dropout", [(3, True, True), (2, False, False)])
-def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout, monkeypatch):
+def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dropout, monkeypatch):
     """The wavefront's training step with its cell and outputs as our Pallas kernels, forward
     and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
     state and every gradient equal the XLA cell's, with masked steps, a carried state, with both
@@ -296,11 +297,15 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
     In float32 the matmuls that contract over the cell (the projection, the gates' transposed
     product) run as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks
     as wide), which the kernels add; in bfloat16, whose products this CPU rounds, one each, as
-    the XLA cell's (blocks of a whole cell)."""
+    the XLA cell's (blocks of a whole cell). The same with the gates' matmul in the forward's
+    kernel ("fused"), which multiplies its block of rows by W 8 bytes of a row at a time (of
+    [inputs; h]'s Q = 8 here: 4 or 2 partial products added in float32, as a GPU's matmul adds
+    its parts)."""
     from elmo_jax.model import cell_kernels
 
     if dtype == "float32":
         monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
+    monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH_BYTES", 8)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
@@ -323,16 +328,16 @@ def test_the_pallas_cell_computes_what_xlas_does(dtype, n_layers, skip, dropout,
         return jax.jit(lambda *args: jax.tree.leaves(jax.value_and_grad(loss, argnums=(0, 1, 2))(*args, cell)))
 
     args = (params, x, state)
-    program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, "pallas")))(*args))
-    assert all(
-        f"lstm_{kernel}" in program for kernel in ("forward_cell", "forward_output", "backward_cell", "backward_output")
-    )
+    program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, ours)))(*args))
+    forward = "gates_and_forward_cell" if ours == "fused" else "forward_cell"
+    kernels = (forward, "forward_output", "backward_cell", "backward_output")
+    assert all(f"lstm_{kernel}" in program for kernel in kernels)
     # On a GPU the two add the same products in other orders (float32), which the bfloat16
     # roundings that follow can amplify: there, the spread of one bfloat16 rounding of the inputs.
     on_gpu_in_bfloat16 = dtype == "bfloat16" and jax.default_backend() != "cpu"
     eps = BFLOAT16_EPS if on_gpu_in_bfloat16 else EPS
     want, spread = value_and_rounding_spread(value_and_grads("xla"), args, eps=eps)
-    for got, w, s in zip(value_and_grads("pallas")(*args), want, spread, strict=True):
+    for got, w, s in zip(value_and_grads(ours)(*args), want, spread, strict=True):
         assert_within_rounding(got, w, s)
 
 
@@ -381,6 +386,23 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
         jax.jit(data_parallel)(z)
 
 
+def test_the_fused_cell_is_refused_where_its_products_are_too_small_for_triton():
+    """Traced for a GPU, the kernel with the gates' matmul in it refuses blocks under 16 rows
+    (B = 4 rows here), which Triton's matmuls do not take, naming the cell that still runs."""
+    from elmo_jax.errors import UserError
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.cell_kernels import gates_and_forward_cell
+
+    L, D, B, S, C, Q = 2, 2, 4, 3, 64, 32
+    with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 64, 32\).*use lstm_cell='pallas'"):
+        gates_and_forward_cell(
+            0, jnp.zeros((L, D, B, Q)), jnp.zeros((L, D, 1, Q, 4, C)), b_LDG=jnp.zeros((L, D, 4 * C)),
+            c0_LDBC=jnp.zeros((L, D, B, C)), mask_LBS=jnp.ones((L, B, S), jnp.int32),
+            acts_LDBSG=jnp.zeros((L, D, B, S, 4 * C)), c_LDBSC=jnp.zeros((L, D, B, S, C)),
+            a_LDBSC=jnp.zeros((L, D, B, S, C)), J=1, clip=None,
+        )  # fmt: skip
+
+
 def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
     """lstm_cell='auto' (the default) is the Pallas cell where it was measured faster (a GPU, its
     default wavefront schedule, 2+ layers) and XLA's cell elsewhere; a cell named is kept."""
@@ -389,7 +411,8 @@ def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
     two, one = random_case(2, True)[0], random_case(1, True)[0]
     assert two.lstm_cell == "auto" and cell(two) == "xla"  # this CPU
     with tracing_for("gpu"):
-        assert cell(two) == "pallas"
+        assert cell(two) == "pallas"  # "fused" only where named: it has not run on a GPU yet
+        assert cell(dataclasses.replace(two, lstm_cell="fused")) == "fused"
         assert cell(dataclasses.replace(two, lstm_schedule="layers")) == "xla"
         assert cell(one) == "xla"
         assert cell(dataclasses.replace(two, lstm_cell="xla")) == "xla"

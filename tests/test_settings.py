@@ -56,13 +56,15 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, text_data, key, valu
     assert not (tmp_path / "run").exists()  # refused before the workdir was made
 
 
-def test_the_pallas_cell_needs_the_wavefront_of_several_layers(text_data):
-    """The Pallas cell is the wavefront's (its loop runs all layers at once): asked for with
-    another schedule, it is refused by name, not silently replaced by XLA's cell."""
+@pytest.mark.parametrize("ours", ["pallas", "fused"])
+def test_the_pallas_cell_needs_the_wavefront_of_several_layers(text_data, ours):
+    """The Pallas cell (with the gates' matmul fused or not) is the wavefront's (its loop runs
+    all layers at once): asked for with another schedule, it is refused by name, not silently
+    replaced by XLA's cell."""
     config = tiny_config(text_data)
     with config.unlocked():
-        config.train.lstm_cell = "pallas"
-    with pytest.raises(UserError, match="lstm_cell 'pallas' is the wavefront's"):
+        config.train.lstm_cell = ours
+    with pytest.raises(UserError, match=f"lstm_cell '{ours}' is the wavefront's"):
         validate(config)
     with config.unlocked():
         config.train.lstm_schedule = "wavefront"

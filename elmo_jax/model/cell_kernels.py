@@ -37,7 +37,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
+from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend
 from elmo_jax.model.cell_math import (
     GATES,
@@ -57,6 +59,13 @@ _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its c
 # added by our kernel after it, not by a kernel of XLA's of their own, each step. A part has at
 # least _PART_COLUMNS columns, and the kernels' blocks as many as divide every part.
 _PARALLEL_BLOCKS, _PART_COLUMNS = 128, 32
+# The kernel with the gates' matmul in it (`gates_and_forward_cell`), at most: a block's rows,
+# and columns of each of the 4 gates (a 128 x 256 tile, as Triton's matmuls on Hopper take, in
+# 8 warps); the bytes of each row of W that it multiplies at a time (64 rows in bfloat16, 32 in
+# float32: the 3 stages of operands that Triton keeps in shared memory fit an A100's, 164 kB;
+# `elmo_jax plan` compiles it for each GPU target). Its blocks of rows are each read from L2 once
+# per block of columns, and W's once per block of rows: large blocks both ways.
+_FUSED_ROWS, _FUSED_COLUMNS, _FUSED_DEPTH_BYTES, _FUSED_WARPS = 128, 64, 128, 8
 
 
 class _Block:
@@ -119,10 +128,39 @@ def _dropped(x, keep_ref, index: tuple, rate: float | None):
 def _forward_kernel(*, counter, c0, b, mask, z, acts, cells, a_slots, a, clip, B, D):
     at = _Block(counter, mask, block=c0.shape, B=B, D=D, down=False)
     j, part_columns = at.in_parts(z.shape[-1])
+    z_gates = [z[at.ld, j, at.b, g, part_columns] for g in range(4)]
+    _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, a=a, clip=clip)
+
+
+def _gates_and_forward_kernel(*, counter, c0, b, mask, rows, W, acts, cells, a_slots, a, clip, B, D, depth):
+    # Grid (row blocks, column blocks), rows fastest: the programs that read a block of W's
+    # columns run side by side, so that W is read from device memory once.
+    at = _Block(counter, mask, block=c0.shape, B=B, D=D, down=False)
+    j, part_columns = at.in_parts(W.shape[-1])
+
+    def accumulate(k, sums):  # the products of `depth` rows of W at a time
+        q = pl.ds(k * depth, depth)
+        x = rows[at.rows, q]
+        return tuple(total + _product(x, W[at.ld, j, q, g, part_columns]) for g, total in enumerate(sums))
+
+    zeros = tuple(jnp.zeros(c0.shape, jnp.float32) for _ in range(4))
+    sums = jax.lax.fori_loop(0, rows.shape[1] // depth, accumulate, zeros)
+    z_gates = [s.astype(acts.dtype) for s in sums]  # rounded as the matmul's result before the cell
+    _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, a=a, clip=clip)
+
+
+def _product(x, w) -> jax.Array:
+    """x (rows, depth) @ w (depth, columns), float32 out."""
+    return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _cell_after_gates(at: _Block, z_gates, *, b, c0, acts, cells, a_slots, a, clip):
+    """The forward cell of a block from its gates' pre-activations without the bias (4 blocks in
+    the compute dtype): the activations, the cell and the projection's operand, written to their
+    slots (and the operand in its parts)."""
     gates = []
-    for g, (slope, offset, shift) in enumerate(GATES):
-        z_g = z[at.ld, j, at.b, g, part_columns].astype(jnp.float32) + b[0, g, :][None, :]
-        act = activation(z_g, slope, offset, shift).astype(acts.dtype)
+    for g, ((slope, offset, shift), z_g) in enumerate(zip(GATES, z_gates, strict=True)):
+        act = activation(z_g.astype(jnp.float32) + b[0, g, :][None, :], slope, offset, shift).astype(acts.dtype)
         acts[at.rows, at.s, g, at.columns] = act
         gates.append(act.astype(jnp.float32))  # the values the backward pass reads back
     si, tj, sf, so = gates
@@ -234,20 +272,29 @@ def _call(
     whole: dict[str, jax.Array],
     outputs: dict[str, _Out],
     touched: int,
+    flops: int | None = None,
     parts: tuple[int, ...] = (),
+    rows: int = _BLOCK_ROWS,
+    columns: int = _BLOCK_COLUMNS,
+    warps: int | None = None,
     **static,
 ):
     """pallas_call of `kernel` (with the `static` arguments, B among them) over blocks of (R, C):
-    inputs the loop's counter, `blocked` (R, C) or (R, 4, C) cut into blocks, the mask (L, B, S),
-    `whole` (passed whole: read or written at slot s); `outputs`, an output named as an input
+    inputs `whole` (passed whole: read or written at slot s; the first the operand whose dtype
+    `elmo_jax.plan` counts the `flops` in), the loop's counter, `blocked` (R, C) or (R, 4, C) cut
+    into blocks, the mask (L, B, S); `outputs`, an output named as an input
     that input's buffer, written in place. The kernel gets each ref by its name (an aliased pair
-    as the output's). It declares `touched` bytes (`elmo_jax.plan`). A block's columns divide C
-    and each width in `parts` (the columns' parts that the kernel reads or writes, `in_parts`)."""
+    as the output's). It declares `touched` bytes and its products' `flops` (`elmo_jax.plan`). A
+    block's columns divide C and each width in `parts` (the columns' parts that the kernel reads
+    or writes, `in_parts`), at most `columns` of them; its rows divide B, at most `rows`. `warps`:
+    Triton's warps a program (None: its default)."""
     first = next(iter(blocked.values()))
     refuse_where_unable("lstm_cell", first)
     R, C, B = first.shape[0], first.shape[-1], static["B"]
-    n_rows, n_columns = math.gcd(B, _BLOCK_ROWS), math.gcd(C, _BLOCK_COLUMNS, *parts)
-    inputs = ["counter", *blocked, "mask", *whole]
+    n_rows, n_columns = math.gcd(B, rows), math.gcd(C, columns, *parts)
+    if flops is not None:
+        _refuse_small_products(n_rows, n_columns, static["depth"])
+    inputs = [*whole, "counter", *blocked, "mask"]
     aliases = {inputs.index(o): i for i, o in enumerate(outputs) if o in inputs}
 
     def spec(x):
@@ -265,18 +312,32 @@ def _call(
         out_shape=tuple(o.shape for o in outputs.values()),
         grid=(R // n_rows, C // n_columns),
         in_specs=(
+            *[pl.no_block_spec] * len(whole),
             pl.BlockSpec((1,), lambda i, k: (0,)),
             *map(spec, blocked.values()),
-            *[pl.no_block_spec] * (1 + len(whole)),
+            pl.no_block_spec,
         ),
         out_specs=tuple(spec(o.shape) if o.blocked else pl.no_block_spec for o in outputs.values()),
         input_output_aliases=aliases,
         interpret=backend() != "gpu",
         name=name,
-        metadata=metadata(touched),
+        metadata=metadata(touched, flops),
+        compiler_params=None if warps is None else pltriton.CompilerParams(num_warps=warps),
     )
-    results = call(jnp.reshape(counter, (1,)).astype(jnp.int32), *blocked.values(), mask_LBS, *whole.values())
+    counter = jnp.reshape(counter, (1,)).astype(jnp.int32)
+    results = call(*whole.values(), counter, *blocked.values(), mask_LBS)
     return dict(zip(outputs, results))
+
+
+def _refuse_small_products(*block: int) -> None:
+    """A UserError where a kernel's products would run on blocks (rows, columns, depth) that
+    Triton's matmuls do not take (a side under 16) on a GPU."""
+    if backend() == "gpu" and min(block) < 16:
+        raise UserError(
+            f"lstm_cell='fused' multiplies blocks of (rows, columns, depth) {block} here, and Triton's matmuls need "
+            "16 or more each way (rows per device a multiple of 16, the cell and projection multiples of 16): use "
+            "lstm_cell='pallas'"
+        )
 
 
 def _slot(buffer_RS) -> jax.ShapeDtypeStruct:
@@ -311,22 +372,65 @@ def forward_cell(s, z_LDJBGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, 
     projection's operand o * tanh(c) in the compute dtype, its columns in J parts
     (L, D, J, B, C / J))."""
     L, D, B, C = c0_LDBC.shape
+    z = z_LDJBGc.reshape(L * D, -1, B, 4, z_LDJBGc.shape[-1])
+    return _forward(
+        _forward_kernel, "lstm_forward_cell", s, {"z": z}, gate_columns=z.shape[-1], read=(z,), flops=None,
+        b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
+        J=J, clip=clip,
+    )  # fmt: skip
+
+
+def gates_and_forward_cell(
+    s, rows_LDBQ, W_LDJQGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, J: int, clip: float | None
+):
+    """`forward_cell` with the gates' matmul in the kernel (`lstm_cell="fused"`): the matmul's
+    operand [inputs; h] (L, D, B, Q) and the gates' weights (L, D, J', Q, 4, C / J') in the
+    compute dtype, the cell's columns in J' parts (`parts`), instead of their product z: each
+    grid program multiplies its block of rows by its 4 gates' block of columns, a few rows of W
+    at a time (_FUSED_DEPTH_BYTES), and its gates go from registers into the cell's arithmetic, rounded to
+    the compute dtype as the matmul's result; they never reach device memory. Other arguments
+    and the results as `forward_cell`'s.
+
+    Bytes declared: W once (the programs that share a block of its columns run together; L2
+    serves the others) and the operand once (at most L * D * B * Q, 4 MB at the original size
+    and 512 rows in bfloat16: it stays in L2 while every column block reads it)."""
+    L, D, B, C = c0_LDBC.shape
+    Q = rows_LDBQ.shape[-1]
+    rows, W = rows_LDBQ.reshape(L * D * B, Q), W_LDJQGc.reshape(L * D, *W_LDJQGc.shape[2:])
+    return _forward(
+        _gates_and_forward_kernel, "lstm_gates_and_forward_cell", s, {"rows": rows, "W": W},
+        gate_columns=W.shape[-1], read=(rows, W), flops=2 * L * D * B * Q * 4 * C,
+        depth=math.gcd(Q, _FUSED_DEPTH_BYTES // rows.dtype.itemsize),
+        rows=_FUSED_ROWS, columns=_FUSED_COLUMNS, warps=_FUSED_WARPS,
+        b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
+        J=J, clip=clip,
+    )  # fmt: skip
+
+
+def _forward(
+    kernel, name, s, gates: dict, *, gate_columns, read, flops, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC,
+    J, clip, **static,
+):  # fmt: skip
+    """`forward_cell` and `gates_and_forward_cell` around their kernels: `gates` what the kernel
+    computes the gates from (whole arrays; their bytes `read`, each once), in parts of the cell's
+    columns `gate_columns` wide, its products' `flops`, the rest `_call`'s and the kernel's."""
+    L, D, B, C = c0_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
-    z, c0 = z_LDJBGc.reshape(L * D, -1, B, 4, z_LDJBGc.shape[-1]), c0_LDBC.reshape(R, C)
+    c0 = c0_LDBC.reshape(R, C)
     acts, cells, a_slots = acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), a_LDBSC.reshape(R, S, C)
-    a = like(z, (L * D, J, B, C // J), dtype)
+    a = like(c0, (L * D, J, B, C // J), dtype)
     touched = nbytes(
-        z, b_LDG, _slot(cells),  # read: the gates, the bias, the cell of slot s - 1 (or c0)
+        *read, b_LDG, _slot(cells),  # read: the gates (or their operands), the bias, the cell of slot s - 1 (or c0)
         _slot(acts), _slot(cells), _slot(a_slots), a,  # written: the slots and the projection's operand
         _rows(R, 1, jnp.int32),  # the mask's rows
     )  # fmt: skip
     out = _call(
-        _forward_kernel,
-        "lstm_forward_cell",
+        kernel,
+        name,
         s,
         mask_LBS,
         blocked={"c0": c0, "b": b_LDG.reshape(L * D, 4, C)},
-        whole={"z": z, "acts": acts, "cells": cells, "a_slots": a_slots},
+        whole={**gates, "acts": acts, "cells": cells, "a_slots": a_slots},
         outputs={
             "acts": _Out(like(acts_LDBSG, acts.shape)),
             "cells": _Out(like(c_LDBSC, cells.shape)),
@@ -334,10 +438,12 @@ def forward_cell(s, z_LDJBGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, 
             "a": _Out(a),
         },
         touched=touched,
-        parts=(z.shape[-1], C // J),
+        flops=flops,
+        parts=(gate_columns, C // J),
         clip=clip,
         B=B,
         D=D,
+        **static,
     )
     return (
         out["acts"].reshape(acts_LDBSG.shape),

@@ -19,7 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.model.cell_kernels import backward_cell, backward_output, forward_cell, forward_output, parts
+from elmo_jax.model.cell_kernels import (
+    backward_cell,
+    backward_output,
+    forward_cell,
+    forward_output,
+    gates_and_forward_cell,
+    parts,
+)
 from elmo_jax.model.cell_math import (
     activation,
     activation_gradient,
@@ -46,7 +53,9 @@ class Stack(NamedTuple):
     dropout: float  # the rate of `keep`, the dropout on layers >= 1's inputs
     unroll: int
     dtype: str
-    cell: str  # "xla" or "pallas": the training step's cell as kernels of our own (`cell_kernels`)
+    # "xla", "pallas" or "fused": the training step's cell as kernels of our own (`cell_kernels`);
+    # "fused": the forward's kernel with the gates' matmul in it
+    cell: str
 
 
 class _Wave(NamedTuple):
@@ -292,16 +301,20 @@ def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: 
     J_proj = parts(C, L * D * B * P)  # the projection's operand's parts
     ran_LBS, keep_8, rate = _kernel_masks(wave.mask_LBS, wave.keep_UDBSP, st.dropout)
 
-    def step(s, carry):
-        h, rows, slots = carry
-        # The gates' product in the weights' parts of the cell's columns, the rows broadcast to each.
+    def cell(s, rows, slots):
+        """-> acts, cells, a slots and the projection's operand a: the gates' product in the
+        weights' parts of the cell's columns, the rows broadcast to each, then the cell; or
+        both in one kernel (`st.cell` "fused")."""
+        kept = dict(b_LDG=b, c0_LDBC=c_LDBC, mask_LBS=ran_LBS, acts_LDBSG=slots.acts, c_LDBSC=slots.c, a_LDBSC=slots.a)
+        if st.cell == "fused":
+            return gates_and_forward_cell(s, rows, W_loop, **kept, J=J_proj, clip=st.clips.cell)
         rows_J = jnp.broadcast_to(rows[:, :, None], (L, D, J, B, 2 * P))
         z = rounded_einsum("ldjbq,ldjqn->ldjbn", rows_J, W_loop.reshape(L, D, J, 2 * P, -1), st.dtype)
-        z = z.reshape(L, D, J, B, 4, C // J)
-        acts, cells, a_slots, a = forward_cell(
-            s, z, b_LDG=b, c0_LDBC=c_LDBC, mask_LBS=ran_LBS, acts_LDBSG=slots.acts, c_LDBSC=slots.c,
-            a_LDBSC=slots.a, J=J_proj, clip=st.clips.cell,
-        )  # fmt: skip
+        return forward_cell(s, z.reshape(L, D, J, B, 4, C // J), **kept, J=J_proj, clip=st.clips.cell)
+
+    def step(s, carry):
+        h, rows, slots = carry
+        acts, cells, a_slots, a = cell(s, rows, slots)
         if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
             h_raw = einsum("ldbc,ldcp->ldbp", _joined(a), W_proj_loop, st.dtype)[:, :, None]
         else:  # J_proj partial products, which forward_output adds
@@ -324,10 +337,11 @@ def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT
     is masked, so it changes nothing), batched over layers and directions; layer l + 1 reads what
     layer l wrote one step earlier. One layer (L = 1) runs its input half of the gates for all T
     steps in one matmul before the loop, so that each step reads only the recurrent weights.
-    With several layers and `st.cell` "pallas", the cell runs as our kernels (`cell_kernels`)."""
+    With several layers and `st.cell` "pallas" or "fused", the cell runs as our kernels
+    (`cell_kernels`)."""
     L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
     C = W_proj.shape[2]
-    own_cell = L > 1 and st.cell == "pallas"
+    own_cell = L > 1 and st.cell in ("pallas", "fused")
     wave = _wave(x_DBTP, mask_BT, keep, L, st)
     S = wave.mask_LBS.shape[2]
     # With our kernels, the cell's columns in J parts, so that the gates' transposed product is J

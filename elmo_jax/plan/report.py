@@ -90,6 +90,10 @@ def estimate(step: CompiledStep, target: Target) -> dict:
     }
 
 
+# How the header names our LSTM cells (lstm_cell); XLA's is not named.
+_LSTM_CELLS = {"pallas": ", Pallas LSTM cell", "fused": ", Pallas LSTM cell with the gates' matmul fused"}
+
+
 def _char_cnn(result: dict) -> str:
     """ ", Pallas char CNN" with its kernels' blocks, or ""."""
     if result["char_conv"] != "pallas":
@@ -112,7 +116,7 @@ def describe(result: dict, target: Target) -> list[str]:
     )
     lines = [
         f"{target.description} x {r['devices']}, {r['per_device_batch']} rows per device x {r['unroll_steps']} steps, "
-        f"{r['lstm_schedule']} LSTM schedule{', Pallas LSTM cell' if r['lstm_cell'] == 'pallas' else ''}"
+        f"{r['lstm_schedule']} LSTM schedule{_LSTM_CELLS.get(r['lstm_cell'], '')}"
         f"{_char_cnn(r)} "
         f"(compiled in {r['compile_s']:.0f} s, without the device)",
         f"kernels per step: {k['per_step']:,} ({k['outside_loops']} outside loops; loop iterations x kernels: {loops})",
