@@ -192,10 +192,15 @@ def _cell(acts, h, c, inputs, m, W_proj_loop, skip_L, st: Stack):
 
 
 def _read_gates(acts_LDBSG: jax.Array, s) -> list[jax.Array]:
-    """Slot s's four gates' activations, each (L, D, B, C) float32: split before they are widened,
-    so that each fusion that reads one reads it in the slots' dtype (widening is exact), and
-    no float32 copy of all four is written."""
-    return [widened(gate) for gate in jnp.split(_at_slot(acts_LDBSG, s), 4, axis=-1)]
+    """Slot s's four gates' activations, each (L, D, B, C) float32: each gate sliced from the
+    slots on its own and widened after (widening is exact), so that each fusion that reads one
+    reads it in the slots' dtype, and no copy of the slot is written."""
+    L, D, B, S, G = acts_LDBSG.shape
+    C = G // 4
+    return [
+        widened(jax.lax.dynamic_slice(acts_LDBSG, (0, 0, 0, s, gate * C), (L, D, B, 1, C))[:, :, :, 0])
+        for gate in range(4)
+    ]
 
 
 def _loop_weights(W_0, W_proj, x_DBSP, b, st: Stack, gates_DBTG=None, J: int | None = None):
