@@ -28,6 +28,7 @@ from elmo_jax.model.cell_kernels import (
     parts,
 )
 from elmo_jax.model.cell_math import (
+    GATES,
     activation,
     activation_gradient,
     cell_gradients,
@@ -188,14 +189,27 @@ def _gate_inputs(wave: _Wave, W_loop, b, gates_x_1DBSG, st: Stack):
 
 
 def _cell(acts, h, c, inputs, m, W_proj_loop, skip_L, st: Stack):
-    """XLA's cell after the gates: activations (L, D, B, G), the state h, c it read, the layers'
-    inputs, where it ran (L, D, B, 1) -> (the state it leaves h, c, the layers' outputs)."""
-    si, tj, sf, so = jnp.split(acts, 4, axis=-1)
+    """XLA's cell after the gates: the four gates' activations (each L, D, B, C), the state h, c
+    it read, the layers' inputs, where it ran (L, D, B, 1) -> (the state it leaves h, c, the
+    layers' outputs)."""
+    si, tj, sf, so = acts
     c_new = cell_update(si, tj, sf, c, st.clips.cell)
     h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
     h_new = clipped(h_raw, st.clips.proj)
     out = _layer_outputs(h_new, inputs, m, skip_L)
     return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out
+
+
+def _read_gates(acts_LDBSG: jax.Array, s) -> list[jax.Array]:
+    """Slot s's four gates' activations, each (L, D, B, C) float32: each gate sliced from the
+    slots on its own and widened after (widening is exact), so that each fusion that reads one
+    reads it in the slots' dtype, and no copy of the slot is written."""
+    L, D, B, S, G = acts_LDBSG.shape
+    C = G // 4
+    return [
+        widened(jax.lax.dynamic_slice(acts_LDBSG, (0, 0, 0, s, gate * C), (L, D, B, 1, C))[:, :, :, 0])
+        for gate in range(4)
+    ]
 
 
 def _loop_weights(W_0, W_proj, x_DBSP, b, st: Stack, gates_DBTG=None, J: int | None = None):
@@ -241,7 +255,8 @@ def wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: Stack,
         h, c, outs = carry
         inputs, z = gates(s, h, outs)
         m = wave.mask_LBS[:, None, :, s, None]
-        h, c, out = _cell(activation(z, slope, offset, shift), h, c, inputs, m, W_proj_loop, wave.skip_L, st)
+        acts = jnp.split(activation(z, slope, offset, shift), 4, axis=-1)
+        h, c, out = _cell(acts, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
         outs = _put_slot(outs, s, out)
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
@@ -280,7 +295,7 @@ def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, 
         slots = slots._replace(
             acts=_put_slot(slots.acts, s, narrow(activation(z, slope, offset, shift), slots.acts.dtype))
         )
-        acts = widened(_at_slot(slots.acts, s))
+        acts = _read_gates(slots.acts, s)
         m = wave.mask_LBS[:, None, :, s, None]
         h, c, out = _cell(acts, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
         slots = slots._replace(h=_put_slot(slots.h, s, h), c=_put_slot(slots.c, s, c))
@@ -426,7 +441,6 @@ def _output_gradients(saved: _Saved, d_out_LDBSP, s, d_h, d_above, st: Stack):
 def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlots, st: Stack):
     """The backward pass with XLA's cell -> (the initial state's gradients, the slots written)."""
     L, D, B, S, P = saved.in_LDBSP.shape
-    slope, _, shift = gate_constants(saved.c0.shape[-1])
     skip_L = _skip_L(L, st)
 
     def step(i, carry):
@@ -435,17 +449,22 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         # this step's, computed by the step before (in the pass that computes d_h), in the
         # compute dtype that its matmul and its save slot take.
         d_h, d_c, d_above, d_h_raw, slots = carry
-        acts = widened(_at_slot(saved.acts_LDBSG, s))
+        acts = _read_gates(saved.acts_LDBSG, s)
         c_new = _at_slot(saved.c_LDBSC, s)
         c_prev = jnp.where(s == 0, saved.c0, _at_slot(saved.c_LDBSC, jnp.maximum(s - 1, 0)))
         m = saved.mask_LBS[:, None, :, s, None]
         d_a = einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype, rounded=True)  # as the forward's gates
-        d_acts, d_c_prev = cell_gradients(jnp.split(acts, 4, axis=-1), c_new, c_prev, d_a, d_c, m, st.clips.cell)
-        d_gates = activation_gradient(jnp.concatenate(d_acts, axis=-1), acts, slope, shift)
+        d_acts, d_c_prev = cell_gradients(acts, c_new, c_prev, d_a, d_c, m, st.clips.cell)
+        d_gates = [
+            activation_gradient(d_act, act, slope, shift) for d_act, act, (slope, _, shift) in zip(d_acts, acts, GATES)
+        ]
+        # Saved first and read back (as the forward's activations): written once, in the dtype
+        # that the transposed matmul below reads.
         slots = slots._replace(
-            d_gates=_put_slot(slots.d_gates, s, narrow(d_gates, slots.d_gates.dtype)),
+            d_gates=_put_slot(slots.d_gates, s, narrow(jnp.concatenate(d_gates, axis=-1), slots.d_gates.dtype)),
             d_h_raw=_put_slot(slots.d_h_raw, s, narrow(d_h_raw, slots.d_h_raw.dtype)),
         )
+        d_gates = _at_slot(slots.d_gates, s)
         if L == 1:  # the input gradient is one matmul after the loop
             d_h_prev = einsum("ldbg,ldpg->ldbp", d_gates, saved.W_loop, st.dtype) + jnp.where(m, 0.0, d_h)
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
