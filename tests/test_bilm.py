@@ -219,13 +219,14 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("block, chunks", [((256, 512), 8), ((64, 128), 2)])
+@pytest.mark.parametrize("block, chunks", [((256, 512), 8), ((128, 128), 1)])
 def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, monkeypatch):
-    """The kernels' TPU variants (`char_kernels.tiled`: VMEM blocks of whole positions, the max and
-    its bits, the window gradient's and the filter gradient's sums kept in their outputs' blocks
-    across the grid), interpreted here, against XLA's path as above: in one block of (up to 256)
-    rows and 256 filters, and in 4 blocks of rows by 2 of columns, the filter gradient's 4 row
-    blocks in 2 chunks of 2 (ROWS words and all filters a block)."""
+    """The kernels' TPU variants (`char_kernels.tiled`: windows (W, K, N), VMEM blocks of whole
+    positions, the max and its bits and the filter gradient's sums kept in their outputs' blocks
+    across the grid, the windows' gradient in VMEM summed into the characters'), interpreted
+    here, against XLA's path as above: words padded to 256 (whole blocks of LANES), in one block
+    of 256 words by 256 filters, and in 2 by 2 blocks of 128 x 128; the filter gradient's 2
+    blocks of LANES words in 2 chunks, and in 1 of 2."""
     from elmo_jax.model import char_kernels
 
     monkeypatch.setattr(char_kernels, "tiled", lambda: True)

@@ -55,6 +55,7 @@ CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: 
 # VMEM its pipeline may take (double-buffered blocks and each position's products: under 20 MB at
 # the published size, float32).
 TILED_ROWS, TILED_COLUMNS = 256, 512
+LANES = 128  # a TPU block's words (the windows' last dimension) in multiples of these
 VMEM_LIMIT = 48 << 20
 
 
@@ -147,13 +148,13 @@ def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_row
 
 
 def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
-    # TPU: grid (row blocks, column blocks), blocks in VMEM: windows (W, rows, K), bank (K,
+    # TPU: grid (row blocks, column blocks), blocks in VMEM: windows (W, K, rows), bank (K,
     # columns), last (1, columns); the max (rows, columns) and bits (M, rows, columns) kept in
     # the outputs' blocks, position by position.
     bank, last = bank_ref[...], last_ref[...]
 
     def product(w):  # rounded to the compute dtype, -inf where the filter does not fit
-        y = _product(windows_ref[w], bank, (1, 0))
+        y = _product(windows_ref[w], bank, (0, 0))
         return jnp.where(w <= last, y.astype(dtype).astype(jnp.float32), -jnp.inf)
 
     def position(w, m: int, s):  # position w = 32 m + s: bit s of word m
@@ -187,18 +188,27 @@ def _tiled_share(words_ref, share, m: int, s, dtype):
     return jnp.where((words_ref[m] & bit) != 0, share, 0).astype(dtype)
 
 
-def _tiled_window_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, dtype):
-    # TPU: grid (row blocks, column blocks), the column blocks summed into out's block (W, rows, K).
+def _tiled_character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, windows_ref, *, D, dtype):
+    # TPU: grid (row blocks, column blocks), the column blocks summed into the windows' gradient
+    # (W, K, rows) in VMEM; after the last, the characters' (C, D, rows), character c the sum of
+    # window c - k's k-th D rows (as token_encoder._characters sums them).
     @pl.when(pl.program_id(1) == 0)
     def _():
-        out_ref[...] = jnp.zeros(out_ref.shape, jnp.float32)
+        windows_ref[...] = jnp.zeros(windows_ref.shape, jnp.float32)
 
     share, bank = share_ref[...], bank_ref[...]
 
     def position(w, m, s):
-        out_ref[w] += _product(_tiled_share(words_ref, share, m, s, dtype), bank, (1, 1))
+        windows_ref[w] += _product(bank, _tiled_share(words_ref, share, m, s, dtype), (1, 1))
 
-    _over_positions(out_ref.shape[0], position)
+    W, C = windows_ref.shape[0], out_ref.shape[0]
+    _over_positions(W, position)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _():
+        for c in range(C):
+            parts = [windows_ref[c - k, k * D : (k + 1) * D, :] for k in range(C - W + 1) if 0 <= c - k < W]
+            out_ref[c] = functools.reduce(jnp.add, parts)
 
 
 def _tiled_filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, dtype):
@@ -210,15 +220,17 @@ def _tiled_filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *,
     share = share_ref[...]
 
     def position(w, m, s):
-        out_ref[0] += _product(windows_ref[w], _tiled_share(words_ref, share, m, s, dtype), (0, 0))
+        out_ref[0] += _product(windows_ref[w], _tiled_share(words_ref, share, m, s, dtype), (1, 0))
 
     _over_positions(windows_ref.shape[0], position)
 
 
-def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, args, touched=None, semantics=None):
+def _call(
+    kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, args, touched=None, semantics=None, scratch=()
+):
     """pallas_call of `kernel` over `grid` on `args`, declaring its FLOPs and the bytes it moves
     (`touched`; by default each operand and result once). `semantics`: a TPU grid's dimension
-    semantics (its kernels, `tiled()`)."""
+    semantics (its kernels, `tiled()`), `scratch` its VMEM scratch."""
     refuse_where_unable("char_conv", args[0], on_tpu=True)
     if touched is None:
         touched = nbytes(*args, *jax.tree.leaves(out_shape))
@@ -232,22 +244,30 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, a
         interpret=backend() == "cpu",
         name=name,
         compiler_params=params,
+        scratch_shapes=scratch,
         metadata=metadata(touched, flops),
     )(*args)
 
 
 def tiled() -> bool:
-    """The kernels' TPU variants (Mosaic: operands in VMEM blocks the grid's pipeline fetches),
-    where the model is traced for a TPU; else the GPU's (Triton: whole operands in device memory)."""
+    """The kernels' TPU variants (Mosaic: operands in VMEM blocks the grid's pipeline fetches;
+    the windows (W, K, N), words along the lanes), where the model is traced for a TPU; else the
+    GPU's (Triton: whole operands in device memory; the windows (W, N, K))."""
     return backend() == "tpu"
 
 
+def padded_words(N: int) -> int:
+    """N words padded to whole blocks (`padded`): of ROWS, on a TPU of LANES (`tiled()`)."""
+    return padded(N, LANES if tiled() else ROWS)
+
+
 def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str, block: Block | None = None):
-    """Windows (W, N, K) and the filter bank (K, F) in `dtype`, each filter's last position
-    (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
-    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32. `block`: (words,
-    filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
-    W, N, K = windows_WNK.shape
+    """Windows (W, N, K) (on a TPU (W, K, N)) and the filter bank (K, F) in `dtype`, each
+    filter's last position (F,) int32 (C - width; -1: a padding filter) -> the max over positions
+    of the rounded products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32.
+    `block`: (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels
+    below)."""
+    W, N, K = _sizes(windows_WNK)
     F, M = bank_KF.shape[1], -(-W // 32)
     n_rows, n_columns = _within(block or chosen_block(MAX, W, K, F, dtype), N, F)
     out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (M, N, F), jnp.uint32))
@@ -258,7 +278,7 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
             MAX,
             (N // n_rows, F // n_columns),
             [
-                pl.BlockSpec((W, n_rows, K), lambda i, j: (0, i, 0)),
+                pl.BlockSpec((W, K, n_rows), lambda i, j: (0, 0, i)),
                 pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
                 pl.BlockSpec((1, n_columns), lambda i, j: (0, j)),
             ],
@@ -293,27 +313,9 @@ def window_gradients(
 ) -> jax.Array:
     """The max's gradient (its share of each max (N, F) in `dtype`, the bits of `max_and_ties`)
     times the filter bank's transpose: the windows' gradient (W, N, K) float32."""
-    N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
+    N, F, K = *share_NF.shape, bank_KF.shape[0]
     n_rows, n_columns = _within(block or chosen_block(WINDOWS, W, K, F, dtype), N, F)
     out_shape = like(share_NF, (W, N, K), jnp.float32)
-    flops = 2 * W * N * K * F
-    if tiled():  # the bank read once per block of rows
-        return _call(
-            functools.partial(_tiled_window_gradient_kernel, dtype=dtype),
-            WINDOWS,
-            (N // n_rows, F // n_columns),
-            [
-                pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
-                pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
-                pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
-            ],
-            pl.BlockSpec((W, n_rows, K), lambda i, j: (0, i, 0)),
-            out_shape,
-            flops,
-            (share_NF, words_MNF, bank_KF),
-            nbytes(share_NF, words_MNF, out_shape) + N // n_rows * nbytes(bank_KF),
-            ("parallel", "arbitrary"),
-        )
     return _call(
         lambda *refs: _window_gradient_kernel(*refs, W=W, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
         WINDOWS,
@@ -321,17 +323,46 @@ def window_gradients(
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
         out_shape,
-        flops,
+        2 * W * N * K * F,
         (share_NF, words_MNF, bank_KF),
+    )
+
+
+def character_gradients(
+    share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, width: int, D: int, dtype: str
+) -> jax.Array:
+    """On a TPU (`tiled()`), `window_gradients` summed into the characters' gradient in VMEM:
+    (W + width - 1, D, N) float32 for `width`-character windows of D-wide characters (the
+    first width * D rows of the bank), the windows' (W, K, N) never in device memory."""
+    N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
+    n_rows, n_columns = _within(chosen_block(WINDOWS, W, K, F, dtype), N, F)
+    out_shape = like(share_NF, (W + width - 1, D, N), jnp.float32)
+    return _call(
+        functools.partial(_tiled_character_gradient_kernel, D=D, dtype=dtype),
+        WINDOWS,
+        (N // n_rows, F // n_columns),
+        [
+            pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
+            pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
+            pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
+        ],
+        pl.BlockSpec((W + width - 1, D, n_rows), lambda i, j: (0, 0, i)),
+        out_shape,
+        2 * W * N * K * F,
+        (share_NF, words_MNF, bank_KF),
+        nbytes(share_NF, words_MNF, out_shape) + N // n_rows * nbytes(bank_KF),  # the bank once per block of rows
+        ("parallel", "arbitrary"),
+        [pltpu.VMEM((W, K, n_rows), jnp.float32)],
     )
 
 
 def filter_gradients(
     windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str, block: Block | None = None
 ) -> jax.Array:
-    """The windows' transpose times the max's gradient (as `window_gradients`): the filter
-    bank's gradient (K, F) float32, summed over words in (at most) CHUNKS partial sums."""
-    W, N, K = windows_WNK.shape
+    """The windows' transpose (as `max_and_ties` takes them) times the max's gradient (as
+    `window_gradients`): the filter bank's gradient (K, F) float32, summed over words in (at
+    most) CHUNKS partial sums."""
+    W, N, K = _sizes(windows_WNK)
     F, M = share_NF.shape[1], words_MNF.shape[0]
     n_rows, n_columns = _within(block or chosen_block(FILTERS, W, K, F, dtype), N, F)
     chunks = math.gcd(CHUNKS, N // n_rows)
@@ -344,7 +375,7 @@ def filter_gradients(
             FILTERS,
             (chunks, per_chunk),
             [
-                pl.BlockSpec((W, n_rows, K), lambda c, i: (0, c * per_chunk + i, 0)),
+                pl.BlockSpec((W, K, n_rows), lambda c, i: (0, 0, c * per_chunk + i)),
                 pl.BlockSpec((n_rows, F), lambda c, i: (c * per_chunk + i, 0)),
                 pl.BlockSpec((M, n_rows, F), lambda c, i: (0, c * per_chunk + i, 0)),
             ],
@@ -372,6 +403,13 @@ MAX, WINDOWS, FILTERS = "char_cnn_max", "char_cnn_window_gradients", "char_cnn_f
 KERNELS = (MAX, WINDOWS, FILTERS)
 
 
+def _sizes(windows: jax.Array) -> tuple[int, int, int]:
+    """W, N, K of windows (W, N, K), on a TPU (W, K, N)."""
+    W, *NK = windows.shape
+    N, K = reversed(NK) if tiled() else NK
+    return W, N, K
+
+
 def _within(block: Block, N: int, F: int) -> Block:
     """A block of (words, filters) no larger than `block` that tiles the N words and F filters
     (padded): each the largest of block, block / 2, ... that divides them (N or F where smaller)."""
@@ -395,8 +433,8 @@ def chosen_block(kernel: str, W: int, K: int, F: int, dtype: str) -> Block:
 
 def _tiled_block(kernel: str, F: int) -> Block:
     """A TPU block of `kernel` for F filters (padded): (TILED_ROWS, TILED_COLUMNS); the filter
-    gradient's ROWS words and all F filters (its (K, F) sums in VMEM, the windows read once)."""
-    return (ROWS, F) if kernel == FILTERS else (TILED_ROWS, TILED_COLUMNS)
+    gradient's LANES words and all F filters (its (K, F) sums in VMEM, the windows read once)."""
+    return (LANES, F) if kernel == FILTERS else (TILED_ROWS, TILED_COLUMNS)
 
 
 def _dividing(n: int, most: int) -> int:
