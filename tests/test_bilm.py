@@ -213,9 +213,31 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
     (so the same ties) but for the order of their sums and, in bfloat16, XLA's rounding on CPU.
     In the largest block and in the smallest a GPU may choose (`char_kernels.chosen_block`)."""
     from elmo_jax.model import char_kernels
-    from elmo_jax.model.token_encoder import _conv_max
 
     monkeypatch.setattr(char_kernels, "BLOCKS", (block,))  # what chosen_block takes off a GPU
+    _check_char_kernels_against_xla(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block, chunks", [((256, 512), 8), ((128, 128), 1)])
+def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, monkeypatch):
+    """The kernels' TPU variants (`char_kernels.tiled`: windows (W, K, N), VMEM blocks of whole
+    positions, the max and its bits and the filter gradient's sums kept in their outputs' blocks
+    across the grid, the windows' gradient in VMEM summed into the characters'), interpreted
+    here, against XLA's path as above: words padded to 256 (whole blocks of LANES), in one block
+    of 256 words by 256 filters, and in 2 by 2 blocks of 128 x 128; the filter gradient's 2
+    blocks of LANES words in 2 chunks, and in 1 of 2."""
+    from elmo_jax.model import char_kernels
+
+    monkeypatch.setattr(char_kernels, "tiled", lambda: True)
+    monkeypatch.setattr(char_kernels, "TILED_ROWS", block[0])
+    monkeypatch.setattr(char_kernels, "TILED_COLUMNS", block[1])
+    monkeypatch.setattr(char_kernels, "CHUNKS", chunks)
+    _check_char_kernels_against_xla(dtype)
+
+
+def _check_char_kernels_against_xla(dtype: str):
+    from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(1)
     N, C, D = 200, 40, 16
@@ -233,16 +255,23 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tolerance * scale)
 
 
-def test_the_char_cnn_kernels_are_refused_on_a_tpu():
-    """They are Triton's: traced for a TPU, `char_conv='pallas'` says so and what to use."""
-    from elmo_jax.errors import UserError
+def test_the_char_cnn_kernels_lower_for_a_tpu_and_declare_their_bytes():
+    """Traced for a TPU, `char_conv='pallas'` lowers to Mosaic kernels (its tiled variants), each
+    declaring the bytes it moves to `elmo-jax plan`; the CPU's interpreter still runs them here."""
+    from elmo_jax.model import char_kernels
     from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.kernel_calls import BYTES_KEY
     from elmo_jax.model.token_encoder import _conv_max
 
     x, w = jnp.zeros((4, 10, 16)), jnp.zeros((2, 16, 8))
     _conv_max(x, (w,), "float32", True)  # on this CPU: interpreted
-    with tracing_for("tpu"), pytest.raises(UserError, match="char_conv='pallas' has kernels for GPUs"):
-        _conv_max(x, (w,), "float32", True)
+
+    def value_and_grads(x, w):
+        return jax.value_and_grad(lambda x, w: _conv_max(x, (w,), "float32", True).sum(), argnums=(0, 1))(x, w)
+
+    with tracing_for("tpu"):
+        text = jax.jit(value_and_grads).trace(x, w).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == len(char_kernels.KERNELS) and text.count(BYTES_KEY) == 3
 
 
 def test_bfloat16_matmul_gradients_are_float32_products():

@@ -309,6 +309,28 @@ def test_an_async_fusion_is_one_kernel_that_reads_only_its_slice():
     assert kernel.bytes == 2 * (2 * 512 * 64 * 4) + 4
 
 
+# A Pallas kernel compiled for a TPU (Mosaic): its metadata one JSON key a line, unescaped.
+TPU_KERNEL = """
+ENTRY %main (a: bf16[50,256,128], b: bf16[128,512]) -> f32[256,512] {
+  %a = bf16[50,256,128]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %b = bf16[128,512]{1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %char_cnn_max.1 = f32[256,512]{1,0:T(8,128)} custom-call(%a, %b), custom_call_target="tpu_custom_call", \
+frontend_attributes={kernel_metadata={
+"elmo_jax.bytes":"4000",
+"elmo_jax.flops":"9000"
+}}, metadata={op_name="jit(train_step)/jvp(token_encoder)/char_cnn_max/pallas_call"}
+}
+"""
+
+
+def test_a_tpu_pallas_kernel_is_counted_as_the_bytes_and_flops_it_declares():
+    """A TPU program's text spreads a Pallas kernel's metadata over lines: they are its instruction's,
+    its bytes and FLOPs read from them and its JAX op from the line after."""
+    (kernel,) = Program(TPU_KERNEL, "tpu").kernels()
+    assert (kernel.kind, kernel.bytes, kernel.flops, kernel.part) == ("pallas", 4000, 9000, "token_encoder")
+    assert kernel.source.endswith("char_cnn_max/pallas_call")
+
+
 # (its backend config as XLA writes it, shortened to the fields read)
 _GEMM = 'custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
 CUBLAS_MATMUL = f"""

@@ -13,12 +13,16 @@ of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memo
 
 Operands: windows (W, N, K) in the compute dtype (position-major; K the widest filter's window,
 zero-padded to a power of two), the filter bank (K, F), F and N padded to whole blocks
-(`padded`). On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets
-them, to the numbers of token_encoder's XLA path. Each kernel declares the HBM bytes it moves (each operand once: the
-blocks that share an operand run side by side and meet in L2) in its custom call's metadata
-(`kernel_calls.metadata`), which `elmo_jax.plan` reads.
+(`padded`). On GPUs they lower to Triton; on TPUs their tiled variants (`tiled()`: each grid
+program's operands in VMEM blocks of whole positions, which the grid's pipeline fetches from
+device memory, the max, its bits and the gradients' sums kept in their outputs' blocks) to
+Mosaic; on a CPU (this project's tests, both variants) Pallas interprets them, to the numbers of
+token_encoder's XLA path. Each kernel declares the HBM bytes it moves in its custom call's
+metadata (`kernel_calls.metadata`), which `elmo_jax.plan` reads: on a GPU each operand once (the
+blocks that share an operand run side by side and meet in L2), on a TPU the blocks the pipeline
+fetches (the filter bank once per block of words).
 
-Block sizes fit the GPU's shared memory (`chosen_block`): Triton stages a block's operands
+On a GPU block sizes fit its shared memory (`chosen_block`): Triton stages a block's operands
 there, and how much it asks for depends on the GPU's generation, the dtype, the matmul precision
 and the widest window K in ways no formula here would track, so each kernel is compiled alone for
 the device the model is traced for (as Triton's autotuner tries its configurations), from the
@@ -28,6 +32,7 @@ largest of BLOCKS down, and keeps the first that the compiler accepts.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import math
 import threading
 
@@ -35,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend, device, tracing_for
@@ -45,6 +51,12 @@ ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, 
 BLOCKS = ((ROWS, COLUMNS), (32, 128), (64, 64), (32, 64), (16, 64), (16, 32))
 Block = tuple[int, int]  # (words, filters) of a grid program
 CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: filter blocks x chunks)
+# A TPU block's words and filters, at most (`tiled()`; the filter gradient's: all filters), and the
+# VMEM its pipeline may take (double-buffered blocks and each position's products: under 20 MB at
+# the published size, float32).
+TILED_ROWS, TILED_COLUMNS = 256, 512
+LANES = 128  # a TPU block's words (the windows' last dimension) in multiples of these
+VMEM_LIMIT = 48 << 20
 
 
 def padded(n: int, block: int | None = None) -> int:
@@ -135,32 +147,151 @@ def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_row
     out_ref[chunk, :, columns] = jax.lax.fori_loop(0, chunk_rows // n_rows * W, block, acc)
 
 
-def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, args):
-    """pallas_call of `kernel` over `grid` on `args`, declaring its FLOPs and the bytes it moves:
-    each operand and result once."""
-    refuse_where_unable("char_conv", args[0])
-    touched = nbytes(*args, *jax.tree.leaves(out_shape))
+def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
+    # TPU: grid (row blocks, column blocks), blocks in VMEM: windows (W, K, rows), bank (K,
+    # columns), last (1, columns); the max (rows, columns) and bits (M, rows, columns) kept in
+    # the outputs' blocks, position by position.
+    bank, last = bank_ref[...], last_ref[...]
+
+    def product(w):  # rounded to the compute dtype, -inf where the filter does not fit
+        y = _product(windows_ref[w], bank, (0, 0))
+        return jnp.where(w <= last, y.astype(dtype).astype(jnp.float32), -jnp.inf)
+
+    def position(w, m: int, s):  # position w = 32 m + s: bit s of word m
+        y, top, bit = product(w), max_ref[...], jnp.left_shift(jnp.uint32(1), s.astype(jnp.uint32))
+        above = y > top
+        for other in range(words_ref.shape[0]):
+            word = words_ref[other]
+            if other == m:
+                words_ref[other] = jnp.where(above, bit, jnp.where(y == top, word | bit, word))
+            else:
+                words_ref[other] = jnp.where(above, jnp.uint32(0), word)
+        max_ref[...] = jnp.maximum(top, y)
+
+    max_ref[...] = product(0)
+    words_ref[...] = jnp.zeros(words_ref.shape, jnp.uint32)
+    words_ref[0] = jnp.ones(max_ref.shape, jnp.uint32)
+    _over_positions(windows_ref.shape[0], position, first=1)
+
+
+def _over_positions(W: int, body, first: int = 0) -> None:
+    """body(w, m, s) for positions w = 32 m + s from `first` to W - 1, in order: a loop over
+    each word m of the bits (m static, s traced)."""
+    for m in range(-(-W // 32)):
+        start = max(first - 32 * m, 0)
+        jax.lax.fori_loop(start, min(32, W - 32 * m), lambda s, _, m=m: body(32 * m + s, m, s), None)
+
+
+def _tiled_share(words_ref, share, m: int, s, dtype):
+    """The max's gradient at position 32 m + s of a block: its share where the bit is set, else 0."""
+    bit = jnp.left_shift(jnp.uint32(1), s.astype(jnp.uint32))
+    return jnp.where((words_ref[m] & bit) != 0, share, 0).astype(dtype)
+
+
+def _tiled_character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, windows_ref, *, D, dtype):
+    # TPU: grid (row blocks, column blocks), the column blocks summed into the windows' gradient
+    # (W, K, rows) in VMEM; after the last, the characters' (C, D, rows), character c the sum of
+    # window c - k's k-th D rows (as token_encoder._characters sums them).
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        windows_ref[...] = jnp.zeros(windows_ref.shape, jnp.float32)
+
+    share, bank = share_ref[...], bank_ref[...]
+
+    def position(w, m, s):
+        windows_ref[w] += _product(bank, _tiled_share(words_ref, share, m, s, dtype), (1, 1))
+
+    W, C = windows_ref.shape[0], out_ref.shape[0]
+    _over_positions(W, position)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _():
+        for c in range(C):
+            parts = [windows_ref[c - k, k * D : (k + 1) * D, :] for k in range(C - W + 1) if 0 <= c - k < W]
+            out_ref[c] = functools.reduce(jnp.add, parts)
+
+
+def _tiled_filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, dtype):
+    # TPU: grid (chunks, a chunk's row blocks), the row blocks summed into out's block (1, K, F).
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        out_ref[...] = jnp.zeros(out_ref.shape, jnp.float32)
+
+    share = share_ref[...]
+
+    def position(w, m, s):
+        out_ref[0] += _product(windows_ref[w], _tiled_share(words_ref, share, m, s, dtype), (1, 0))
+
+    _over_positions(windows_ref.shape[0], position)
+
+
+def _call(
+    kernel, name: str, grid, in_specs, out_specs, out_shape, flops: int, args, touched=None, semantics=None, scratch=()
+):
+    """pallas_call of `kernel` over `grid` on `args`, declaring its FLOPs and the bytes it moves
+    (`touched`; by default each operand and result once). `semantics`: a TPU grid's dimension
+    semantics (its kernels, `tiled()`), `scratch` its VMEM scratch."""
+    refuse_where_unable("char_conv", args[0], on_tpu=True)
+    if touched is None:
+        touched = nbytes(*args, *jax.tree.leaves(out_shape))
+    params = pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT) if semantics else None
     return pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
-        interpret=backend() != "gpu",
+        interpret=backend() == "cpu",
         name=name,
+        compiler_params=params,
+        scratch_shapes=scratch,
         metadata=metadata(touched, flops),
     )(*args)
 
 
+def tiled() -> bool:
+    """The kernels' TPU variants (Mosaic: operands in VMEM blocks the grid's pipeline fetches;
+    the windows (W, K, N), words along the lanes), where the model is traced for a TPU; else the
+    GPU's (Triton: whole operands in device memory; the windows (W, N, K))."""
+    return backend() == "tpu"
+
+
+def padded_words(N: int) -> int:
+    """N words padded to whole blocks (`padded`): of ROWS, on a TPU of LANES (`tiled()`)."""
+    return padded(N, LANES if tiled() else ROWS)
+
+
 def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str, block: Block | None = None):
-    """Windows (W, N, K) and the filter bank (K, F) in `dtype`, each filter's last position
-    (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
-    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32. `block`: (words,
-    filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
-    W, N, K = windows_WNK.shape
-    F = bank_KF.shape[1]
+    """Windows (W, N, K) (on a TPU (W, K, N)) and the filter bank (K, F) in `dtype`, each
+    filter's last position (F,) int32 (C - width; -1: a padding filter) -> the max over positions
+    of the rounded products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32.
+    `block`: (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels
+    below)."""
+    W, N, K = _sizes(windows_WNK)
+    F, M = bank_KF.shape[1], -(-W // 32)
     n_rows, n_columns = _within(block or chosen_block(MAX, W, K, F, dtype), N, F)
-    out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (-(-W // 32), N, F), jnp.uint32))
+    out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (M, N, F), jnp.uint32))
+    flops = 2 * W * N * K * F
+    if tiled():  # the bank and last positions read once per block of rows
+        return _call(
+            functools.partial(_tiled_max_kernel, dtype=dtype),
+            MAX,
+            (N // n_rows, F // n_columns),
+            [
+                pl.BlockSpec((W, K, n_rows), lambda i, j: (0, 0, i)),
+                pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
+                pl.BlockSpec((1, n_columns), lambda i, j: (0, j)),
+            ],
+            (
+                pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
+                pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
+            ),
+            out_shape,
+            flops,
+            (windows_WNK, bank_KF, last_F[None, :]),
+            nbytes(windows_WNK, *out_shape) + N // n_rows * nbytes(bank_KF, last_F),
+            ("parallel", "parallel"),
+        )
     return _call(
         lambda *refs: _max_kernel(*refs, dtype=dtype),
         MAX,
@@ -172,7 +303,7 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
         ],
         (pl.BlockSpec((n_rows, n_columns), lambda j, i: (i, j)), pl.no_block_spec),
         out_shape,
-        2 * W * N * K * F,
+        flops,
         (windows_WNK, bank_KF, last_F),
     )
 
@@ -197,26 +328,74 @@ def window_gradients(
     )
 
 
+def character_gradients(
+    share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, width: int, D: int, dtype: str
+) -> jax.Array:
+    """On a TPU (`tiled()`), `window_gradients` summed into the characters' gradient in VMEM:
+    (W + width - 1, D, N) float32 for `width`-character windows of D-wide characters (the
+    first width * D rows of the bank), the windows' (W, K, N) never in device memory."""
+    N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
+    n_rows, n_columns = _within(chosen_block(WINDOWS, W, K, F, dtype), N, F)
+    out_shape = like(share_NF, (W + width - 1, D, N), jnp.float32)
+    return _call(
+        functools.partial(_tiled_character_gradient_kernel, D=D, dtype=dtype),
+        WINDOWS,
+        (N // n_rows, F // n_columns),
+        [
+            pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
+            pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
+            pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
+        ],
+        pl.BlockSpec((W + width - 1, D, n_rows), lambda i, j: (0, 0, i)),
+        out_shape,
+        2 * W * N * K * F,
+        (share_NF, words_MNF, bank_KF),
+        nbytes(share_NF, words_MNF, out_shape) + N // n_rows * nbytes(bank_KF),  # the bank once per block of rows
+        ("parallel", "arbitrary"),
+        [pltpu.VMEM((W, K, n_rows), jnp.float32)],
+    )
+
+
 def filter_gradients(
     windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str, block: Block | None = None
 ) -> jax.Array:
-    """The windows' transpose times the max's gradient (as `window_gradients`): the filter
-    bank's gradient (K, F) float32, summed over words in (at most) CHUNKS partial sums."""
-    W, N, K = windows_WNK.shape
-    F = share_NF.shape[1]
+    """The windows' transpose (as `max_and_ties` takes them) times the max's gradient (as
+    `window_gradients`): the filter bank's gradient (K, F) float32, summed over words in (at
+    most) CHUNKS partial sums."""
+    W, N, K = _sizes(windows_WNK)
+    F, M = share_NF.shape[1], words_MNF.shape[0]
     n_rows, n_columns = _within(block or chosen_block(FILTERS, W, K, F, dtype), N, F)
     chunks = math.gcd(CHUNKS, N // n_rows)
     out_shape = like(share_NF, (chunks, K, F), jnp.float32)
-    partial = _call(
-        lambda *refs: _filter_gradient_kernel(*refs, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
-        FILTERS,
-        (F // n_columns, chunks),
-        [pl.no_block_spec] * 3,
-        pl.no_block_spec,
-        out_shape,
-        2 * W * N * K * F,
-        (windows_WNK, share_NF, words_MNF),
-    )
+    flops = 2 * W * N * K * F
+    if tiled():  # all F filters in a block (n_columns == F): the windows read once
+        per_chunk = N // n_rows // chunks
+        partial = _call(
+            functools.partial(_tiled_filter_gradient_kernel, dtype=dtype),
+            FILTERS,
+            (chunks, per_chunk),
+            [
+                pl.BlockSpec((W, K, n_rows), lambda c, i: (0, 0, c * per_chunk + i)),
+                pl.BlockSpec((n_rows, F), lambda c, i: (c * per_chunk + i, 0)),
+                pl.BlockSpec((M, n_rows, F), lambda c, i: (0, c * per_chunk + i, 0)),
+            ],
+            pl.BlockSpec((1, K, F), lambda c, i: (c, 0, 0)),
+            out_shape,
+            flops,
+            (windows_WNK, share_NF, words_MNF),
+            semantics=("parallel", "arbitrary"),
+        )
+    else:
+        partial = _call(
+            lambda *refs: _filter_gradient_kernel(*refs, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
+            FILTERS,
+            (F // n_columns, chunks),
+            [pl.no_block_spec] * 3,
+            pl.no_block_spec,
+            out_shape,
+            flops,
+            (windows_WNK, share_NF, words_MNF),
+        )
     return partial.sum(axis=0)
 
 
@@ -224,22 +403,46 @@ MAX, WINDOWS, FILTERS = "char_cnn_max", "char_cnn_window_gradients", "char_cnn_f
 KERNELS = (MAX, WINDOWS, FILTERS)
 
 
+def _sizes(windows: jax.Array) -> tuple[int, int, int]:
+    """W, N, K of windows (W, N, K), on a TPU (W, K, N)."""
+    W, *NK = windows.shape
+    N, K = reversed(NK) if tiled() else NK
+    return W, N, K
+
+
 def _within(block: Block, N: int, F: int) -> Block:
-    """A block of (words, filters) no larger than the N words and F filters."""
-    return min(block[0], N), min(block[1], F)
+    """A block of (words, filters) no larger than `block` that tiles the N words and F filters
+    (padded): each the largest of block, block / 2, ... that divides them (N or F where smaller)."""
+    return _dividing(N, block[0]), _dividing(F, block[1])
 
 
 def chosen_block(kernel: str, W: int, K: int, F: int, dtype: str) -> Block:
     """(words, filters) of `kernel`'s grid programs for W positions, K-wide windows and F filters
     (padded) in `dtype`: on a GPU the first of BLOCKS whose kernel compiles for the device the
-    model is traced for (Triton stages the operands in its shared memory), elsewhere (Pallas
-    interprets the kernels) the largest. A UserError where none fits."""
+    model is traced for (Triton stages the operands in its shared memory); on a TPU `_tiled_block`;
+    elsewhere (Pallas interprets the kernels) the largest. A UserError where none fits."""
+    if tiled():
+        return _tiled_block(kernel, F)
     if not _compiled_by_triton():
         return BLOCKS[0]
     for block in BLOCKS:
         if _refusal(kernel, block, W, K, F, dtype) is None:
             return block
     raise UserError(f"char_conv='pallas': {unfit(W, K, F, dtype)}: use char_conv='xla'")
+
+
+def _tiled_block(kernel: str, F: int) -> Block:
+    """A TPU block of `kernel` for F filters (padded): (TILED_ROWS, TILED_COLUMNS); the filter
+    gradient's LANES words and all F filters (its (K, F) sums in VMEM, the windows read once)."""
+    return (LANES, F) if kernel == FILTERS else (TILED_ROWS, TILED_COLUMNS)
+
+
+def _dividing(n: int, most: int) -> int:
+    """The largest of most, most / 2, ... (n where smaller) that divides n."""
+    part = min(most, n)
+    while n % part:
+        part //= 2
+    return part
 
 
 def unfit(W: int, K: int, F: int, dtype: str) -> str | None:

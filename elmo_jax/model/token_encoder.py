@@ -56,12 +56,12 @@ def init_token_encoder(rng: jax.Array, config: ModelConfig) -> Params:
     return params
 
 
-def _windows(x: jax.Array, width: int, axis: int) -> jax.Array:
-    """Characters (..., C, ..., D), C along `axis` -> (..., C - width + 1, ..., width * D): the
-    characters each position of a VALID convolution of `width` reads, side by side (small: D is
-    the char embedding's 16)."""
+def _windows(x: jax.Array, width: int, axis: int, along: int = -1) -> jax.Array:
+    """Characters (..., C, ..., D), C along `axis` (D along `along`) -> (..., C - width + 1, ...,
+    width * D): the characters each position of a VALID convolution of `width` reads, side by
+    side (small: D is the char embedding's 16)."""
     W = x.shape[axis] - width + 1
-    return jnp.concatenate([jax.lax.slice_in_dim(x, k, k + W, axis=axis) for k in range(width)], axis=-1)
+    return jnp.concatenate([jax.lax.slice_in_dim(x, k, k + W, axis=axis) for k in range(width)], axis=along)
 
 
 def _characters(d_windows: jax.Array, width: int, D: int, axis: int) -> jax.Array:
@@ -117,21 +117,30 @@ def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
     if kernels:
         if x_NCD.dtype != dtype:
             raise ValueError(f"the char CNN's kernels take characters in the compute dtype {dtype}, not {x_NCD.dtype}")
-        windows_WNK = _kernel_windows(_windows(jnp.swapaxes(x_NCD, 0, 1), widest, axis=0), dtype)
+        windows = _kernel_windows(x_NCD, widest)
         bank, last_F = _kernel_bank(w_KF, C - width_F, dtype)
-        max_NF, ties_MNF = char_kernels.max_and_ties(windows_WNK, bank, last_F, dtype)
-        return max_NF[:N, :F], (windows_WNK, w_filters, ties_MNF, bank)
+        max_NF, ties_MNF = char_kernels.max_and_ties(windows, bank, last_F, dtype)
+        return max_NF[:N, :F], (windows, w_filters, ties_MNF, bank)
     windows_NWK = _windows(x_NCD, widest, axis=1)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
     return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF, None)
 
 
-def _kernel_windows(windows_WNK: jax.Array, dtype: str) -> jax.Array:
-    """Windows (W, N, K) for `char_kernels`: in `dtype`, N and K padded with zeros to whole blocks."""
-    _, N, K = windows_WNK.shape
-    pad = ((0, 0), (0, char_kernels.padded(N, char_kernels.ROWS) - N), (0, char_kernels.padded(K) - K))
-    return jnp.pad(windows_WNK.astype(dtype), pad)
+def _kernel_windows(x_NCD: jax.Array, width: int) -> jax.Array:
+    """Characters (N, C, D) -> the windows of `width` characters for `char_kernels`, N and K =
+    width * D padded with zeros to whole blocks: (W, N, K), on a TPU (W, K, N) (`tiled()`: the
+    characters' D rows side by side, whole tiles of its sublanes, where XLA writes the windows in
+    one pass)."""
+    (N, C, D), padded = x_NCD.shape, char_kernels.padded
+    W, Np, K = C - width + 1, char_kernels.padded_words(N), width * D
+    if char_kernels.tiled():
+        x_CDN = jnp.pad(jnp.transpose(x_NCD, (1, 2, 0)), ((0, 0), (0, 0), (0, Np - N)))
+        return jnp.concatenate(
+            [_windows(x_CDN, width, axis=0, along=1), jnp.zeros((W, padded(K) - K, Np), x_NCD.dtype)], axis=1
+        )
+    windows_WNK = _windows(jnp.swapaxes(x_NCD, 0, 1), width, axis=0)
+    return jnp.pad(windows_WNK, ((0, 0), (0, Np - N), (0, padded(K) - K)))
 
 
 def _kernel_bank(w_KF: jax.Array, last_F: np.ndarray, dtype: str) -> tuple[jax.Array, jax.Array]:
@@ -205,11 +214,15 @@ def _conv_max_backward(dtype, kernels, residuals, g_NF):
     (N, F), D = g_NF.shape, w_filters[0].shape[1]
     widest, narrowest = int(width_F.max()), int(width_F.min())
     if kernels:
-        W, Np, _ = windows.shape
+        W, Np = windows.shape[0], ties_MNF.shape[1]
         share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
         dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
-        d_windows = char_kernels.window_gradients(share_NF, ties_MNF, bank, W, dtype)[:, :N, : widest * D]
-        dx = jnp.swapaxes(_characters(d_windows, widest, D, axis=0), 0, 1)
+        if char_kernels.tiled():  # the characters' gradient (C, D, N) from the kernel
+            dx_CDN = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype)
+            dx = jnp.transpose(dx_CDN[:, :, :N], (2, 0, 1))
+        else:
+            d_windows = char_kernels.window_gradients(share_NF, ties_MNF, bank, W, dtype)[:, :N, : widest * D]
+            dx = jnp.swapaxes(_characters(d_windows, widest, D, axis=0), 0, 1)
     else:
         W = windows.shape[1]
         g_NWF = _split_among_ties(ties_MNF, g_NF, W, dtype)
@@ -229,12 +242,14 @@ _conv_max.defvjp(_conv_max_forward, _conv_max_backward)
 
 def conv(config: ModelConfig) -> str:
     """ "xla" or "pallas": the training step's char CNN, config.char_conv with "auto" resolved
-    for the default backend (our kernels on GPUs, where they leave the step's largest activation
-    out of device memory: about 3 of the 4.9 GB a train step of the published size moves at 128
-    rows, by `elmo-jax plan`; XLA's elsewhere, and on a GPU whose shared memory they do not fit,
-    said once)."""
+    for the default backend (our kernels on GPUs and TPUs, where they leave the step's largest
+    activation out of device memory: about 3 of the 4.9 GB a train step of the published size
+    moves at 128 rows on a GPU, 22 of 23.4 GB at 512 rows on a TPU v5p, by `elmo-jax plan`; XLA's
+    elsewhere, and on a GPU whose shared memory they do not fit, said once)."""
     if config.char_conv != "auto":
         return config.char_conv
+    if backend() == "tpu":
+        return "pallas"
     if backend() != "gpu":
         return "xla"
     try:

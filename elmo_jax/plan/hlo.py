@@ -27,7 +27,8 @@ FREE_OPS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "a
 
 
 def computations(hlo_text: str) -> dict[str, list[str]]:
-    """Each computation's instruction lines, by name."""
+    """Each computation's instruction lines, by name: an instruction's attributes that span lines
+    (a TPU Pallas kernel's metadata: one JSON key a line) joined onto its first."""
     found: dict[str, list[str]] = {}
     current = None
     for line in hlo_text.splitlines():
@@ -37,7 +38,10 @@ def computations(hlo_text: str) -> dict[str, list[str]]:
         elif line.strip() == "}":
             current = None
         elif current is not None:
-            current.append(line)
+            if current and not _INSTRUCTION.match(line):
+                current[-1] += " " + line.strip()
+            else:
+                current.append(line)
     return found
 
 

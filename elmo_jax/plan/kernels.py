@@ -45,10 +45,10 @@ _CONV_TARGET = re.compile(r'custom_call_target="__cudnn\$conv(\w*)"')
 # contracting dimensions are in its backend config's JSON.
 _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
-# The bytes (and FLOPs) a Pallas kernel of the model declares in its custom call's metadata (JSON, its quotes
-# written \22 in the program's text).
-_DECLARED_BYTES = re.compile(re.escape(BYTES_KEY) + r"\\22:\s*\\22(\d+)\\22")
-_DECLARED_FLOPS = re.compile(re.escape(FLOPS_KEY) + r"\\22:\s*\\22(\d+)\\22")
+# The bytes (and FLOPs) a Pallas kernel of the model declares in its custom call's metadata (JSON: its quotes
+# written \22 in a GPU program's text, plain in a TPU's kernel_metadata, one key a line).
+_DECLARED_BYTES = re.compile(re.escape(BYTES_KEY) + r'(?:\\22|"):\s*(?:\\22|")(\d+)(?:\\22|")')
+_DECLARED_FLOPS = re.compile(re.escape(FLOPS_KEY) + r'(?:\\22|"):\s*(?:\\22|")(\d+)(?:\\22|")')
 CONTROL_OPS = {"while", "conditional", "call"}
 SLICING_OPS = {"slice", "dynamic-slice", "gather"}
 IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # ops that update operand 0 in place: their update operand
