@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU run (5 minutes on one H200 on 2026-12-04). Runs from the repository root with
+# One prepared GPU run (5 minutes on one H200 on 2026-12-04, before the lstm_cell=fused runs were
+# added). Runs from the repository root with
 # the machine's own jax/flax/optax/orbax (no install; ml_collections, which the device image of
 # 2026-12 lacks, installed first from its wheel): PYTHONPATH=. bash benchmarks/gpu.sh
 #   - train-step throughput of the original size in bfloat16 at 128 and 512 rows with a profile
@@ -7,9 +8,10 @@
 #     softmax, sampler and optimizer, ops launched per step) and peak device memory, with the
 #     defaults (the wavefront schedule, our Pallas LSTM cell and char CNN, after the tests,
 #     run here on the GPU (Triton), that they compute what XLA's cell and char CNN do, to
-#     $OUT/pallas_tests.txt) beside XLA's cell and XLA's char CNN at 128 and 512 rows and a
-#     loop per layer (XLA's cell) at 128; the first run's trace and program are kept for
-#     reading offline;
+#     $OUT/pallas_tests.txt) beside the gates' matmul fused into our cell (lstm_cell=fused,
+#     never run on a device before: the first run settles it against today's default), XLA's
+#     cell and XLA's char CNN at 128 and 512 rows and a loop per layer (XLA's cell) at 128; the
+#     first run's trace and program are kept for reading offline;
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs.tgz (with the trace);
@@ -76,10 +78,12 @@ run() {
 } | tee "$dir/pallas_tests.txt"
 grep -qE 'failed|error|no tests ran' "$dir/pallas_tests.txt" && echo "FAILED: the kernel tests" | tee -a "$dir/failures.txt"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --trace_dir="$dir/trace_128"
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=fused
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --char_conv=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
 run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
+run --config=original --per_device_batch=512 --dtype=bf16 --profile=3 --lstm_cell=fused
 run --config=original --per_device_batch=512 --dtype=bf16 --lstm_cell=xla
 run --config=original --per_device_batch=512 --dtype=bf16 --char_conv=xla
 run --config=original --per_device_batch=256 --dtype=bf16
@@ -118,6 +122,16 @@ timeout 420 $python launch.py train "${train[@]}" --workdir="$dir/train_e2e" --c
   --config.train.checkpoint_every=100000 2>&1 | grep -E 'step [0-9]+/|input|Error' | tee "$dir/train_e2e.txt"
 grep -q 'step [0-9]*/' "$dir/train_e2e.txt" || echo "FAILED: train end to end" | tee -a "$dir/failures.txt"
 rm -rf "$dir/train_e2e"
+# The same run with the gates' matmul fused into the cell (lstm_cell=fused, which CPUs cannot run
+# inside the data-parallel step: on a GPU only).
+if [ "$cpu" != 1 ]; then
+  timeout 420 $python launch.py train "${train[@]}" --workdir="$dir/train_e2e" --config.data.train="lm1b:$lm1b" \
+    --config.data.vocab="$lm1b/vocab.txt" --config.data.heldout= --config.train.compute_dtype=bfloat16 \
+    --config.train.checkpoint_every=100000 --config.train.lstm_cell=fused 2>&1 | grep -E 'step [0-9]+/|input|Error' \
+    | tee "$dir/train_e2e_fused.txt"
+  grep -q 'step [0-9]*/' "$dir/train_e2e_fused.txt" || echo "FAILED: train end to end, fused" | tee -a "$dir/failures.txt"
+  rm -rf "$dir/train_e2e"
+fi
 # Each measured train step beside the plan's estimate of the same program.
 $python - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys
