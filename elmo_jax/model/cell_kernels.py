@@ -581,7 +581,7 @@ def backward_cell_and_gates_product(
     d_in_h = like(d_a, (L * D, J, B, Q), jnp.float32)
     touched = nbytes(
         d_a, _slot(acts), _slot(cells), _slot(cells), W,  # read: d_a, the slot's activations, the cells of s and s - 1
-        d_c, d_c,  # the cell gradient, read and written
+        _rows(R, C, d_c.dtype), _rows(R, C, d_c.dtype),  # the cell gradient, read from one buffer, written to the other
         _slot(d_gate_slots), d_in_h,  # written: the gates' gradient into its slot, the product's parts
         _rows(R, 1, jnp.int32),  # the mask's rows
     )  # fmt: skip
