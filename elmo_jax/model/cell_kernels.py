@@ -22,6 +22,11 @@ from the shapes it touches (`kernel_calls.nbytes`), which `elmo_jax.plan` reads.
 handles a block of rows (of one layer and direction) and of the cell's columns, the four gates of
 those columns together.
 
+With `lstm_cell="fused"` the gates' matmul runs inside the forward's cell kernel
+(`gates_and_forward_cell`: the gates stay in registers) and their gradient's product with the
+weights inside the backward's (`backward_cell_and_gates_product`: d_gates written once, to
+their slot), three kernels a step each way.
+
 No kernel of XLA's runs between ours: a matmul that contracts over the cell's columns with a
 small result (the projection, the gates' transposed product) runs as a batch of products over
 parts of those columns (`parts`), which `forward_output` and `backward_output` add, where XLA

@@ -55,7 +55,7 @@ class Stack(NamedTuple):
     unroll: int
     dtype: str
     # "xla", "pallas" or "fused": the training step's cell as kernels of our own (`cell_kernels`);
-    # "fused": the forward's kernel with the gates' matmul in it
+    # "fused": the cells' kernels with the gates' matmul (forward) and its transpose (backward) in them
     cell: str
 
 
