@@ -84,9 +84,9 @@ class ComputeSettings:
         "auto",
         one_of(LSTM_CELLS),
         "the wavefront's training cell: xla (XLA's fusions), pallas (our Triton kernels, two a step each way; "
-        "GPUs only) or fused (pallas with the gates' matmul inside the forward's cell kernel, the gates kept off "
-        "device memory; not yet timed on a GPU); auto: pallas on GPUs where the schedule is the wavefront of 2+ "
-        "layers, else xla",
+        "GPUs only) or fused (pallas with the gates' matmul and its transpose inside the cell's kernels, the gates "
+        "and their gradient's operand kept off device memory; not yet timed on a GPU); auto: pallas on GPUs where "
+        "the schedule is the wavefront of 2+ layers, else xla",
     )
     char_conv: str = setting(
         "auto",

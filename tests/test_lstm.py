@@ -329,8 +329,8 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
 
     args = (params, x, state)
     program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, ours)))(*args))
-    forward = "gates_and_forward_cell" if ours == "fused" else "forward_cell"
-    kernels = (forward, "forward_output", "backward_cell", "backward_output")
+    fused = ("gates_and_forward_cell", "backward_cell_and_gates_product")
+    kernels = (*(fused if ours == "fused" else ("forward_cell", "backward_cell")), "forward_output", "backward_output")
     assert all(f"lstm_{kernel}" in program for kernel in kernels)
     # On a GPU the two add the same products in other orders (float32), which the bfloat16
     # roundings that follow can amplify: there, the spread of one bfloat16 rounding of the inputs.

@@ -67,6 +67,13 @@ def planned_ours(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def planned_fused(tmp_path_factory):
+    """The demo's step with our LSTM cell, the gates' matmul inside the forward's kernel."""
+    settings = ("lstm_schedule=wavefront", "lstm_cell=fused")
+    return _plan_demo(tmp_path_factory.mktemp("plan_fused"), 1, settings=settings)
+
+
+@pytest.fixture(scope="module")
 def planned_v5e(tmp_path_factory):
     """The same step compiled for a TPU v5e by libtpu (its loops carry no trip count, its
     matmuls are convolutions, most of its arrays live in on-chip memory)."""
@@ -222,6 +229,42 @@ def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touc
     assert per_iteration(plan, True) == 5 < 11 <= per_iteration(xla, True)
     assert per_iteration(plan, False) == 5 < 10 <= per_iteration(xla, False)
     assert plan["parts"]["LSTM loops"]["flops"] == xla["parts"]["LSTM loops"]["flops"]
+
+
+@pytest.mark.slow
+@pytest.mark.launches
+def test_the_fused_cell_runs_the_gates_matmuls_inside_its_kernels(planned_ours, planned_fused):
+    """With lstm_cell=fused each loop runs one kernel fewer: the gates' matmul is in the cell's
+    kernel, and the gates' transposed matmul in the backward cell's. They declare the FLOPs of
+    their products, which the plan counts as the matmuls' (the loops' FLOPs unchanged), and the
+    bytes they move: forward, [inputs; h] and W once, where the matmul wrote the gates and the
+    cell read them; backward, W once and the product's J partial sums written, where the cell
+    wrote the gates' gradient for the matmul; besides what the cells moved."""
+    from elmo_jax.model.cell_kernels import parts
+
+    ours, _ = planned_ours
+    plan, text = planned_fused
+    assert plan["lstm_cell"] == "fused"
+    kernels, their_kernels = Program(text).kernels(), Program(planned_ours[1]).kernels()
+    rows, Q, bf16, f32 = L * D * B, 2 * P, 2, 4
+    weights, J = L * D * Q * 4 * C * bf16, parts(C, rows * Q)
+    (forward,) = [k for k in kernels if "lstm_gates_and_forward_cell" in k.source]
+    (backward,) = [k for k in kernels if "lstm_backward_cell_and_gates_product" in k.source]
+    (cell,) = [k for k in their_kernels if "lstm_forward_cell" in k.source]
+    (cell_gradient,) = [k for k in their_kernels if "lstm_backward_cell" in k.source]
+    for fused in forward, backward:
+        assert fused.runs == T + L - 1 and fused.loop and fused.flops == 2 * rows * Q * 4 * C
+    assert forward.bytes == cell.bytes - rows * 4 * C * bf16 + rows * Q * bf16 + weights
+    assert backward.bytes == cell_gradient.bytes - rows * 4 * C * bf16 + weights + J * rows * Q * f32
+
+    def per_iteration(p: dict, forward: bool) -> int:
+        (n,) = [n["kernels_per_iteration"] for n in p["kernels"]["loops"] if ("transpose" in n["source"]) != forward]
+        return n
+
+    assert (per_iteration(plan, True), per_iteration(plan, False)) == (4, 4)
+    assert (per_iteration(ours, True), per_iteration(ours, False)) == (5, 5)
+    assert plan["parts"]["LSTM loops"]["flops"] == ours["parts"]["LSTM loops"]["flops"]
+    assert plan["parts"]["LSTM loops"]["bytes"] < ours["parts"]["LSTM loops"]["bytes"]
 
 
 @pytest.mark.slow
@@ -665,20 +708,26 @@ GPUS = [name for name in sorted(TARGETS) if TARGETS[name].platform == "cuda"]
 
 @pytest.mark.slow
 @pytest.mark.launches
+@pytest.mark.parametrize("lstm_cell", ["auto", "fused"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", GPUS)
-def test_the_published_models_default_train_step_compiles_for_every_gpu(tmp_path, name, dtype):
+def test_the_published_models_default_train_step_compiles_for_every_gpu(tmp_path, name, dtype, lstm_cell):
     """elmo_original's step with every default (lstm_cell and char_conv auto: our kernels on
     GPUs), as `plan` compiles it: at 32 rows per device and a small vocabulary (neither changes
     our kernels' blocks) to keep it quick. Until the char CNN's kernels chose their blocks, float32
-    failed on every GPU here and bfloat16 on an A100 (a kernel over the shared memory)."""
+    failed on every GPU here and bfloat16 on an A100 (a kernel over the shared memory). The same
+    with lstm_cell=fused at 128 rows, its largest blocks (whose operands Triton stages in shared
+    memory)."""
     _need_plugin()
     args = ["plan", "--config=elmo_original", f"--target={name}", "--vocab_size=10000", "--nofit"]
-    args += ["--config.train.per_device_batch_size=32", f"--config.train.compute_dtype={dtype}"]
+    args += [f"--config.train.compute_dtype={dtype}"]
+    if lstm_cell == "fused":
+        args += ["--config.train.lstm_schedule=wavefront", "--config.train.lstm_cell=fused"]
+    args += [f"--config.train.per_device_batch_size={32 if lstm_cell == 'auto' else 128}"]
     result = run_cli(args, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (plan["lstm_cell"], plan["char_conv"]) == ("pallas", "pallas")
+    assert (plan["lstm_cell"], plan["char_conv"]) == ("pallas" if lstm_cell == "auto" else "fused", "pallas")
     assert sorted(plan["char_blocks"]) == sorted(
         ("char_cnn_max", "char_cnn_window_gradients", "char_cnn_filter_gradients")
     )

@@ -22,6 +22,11 @@ from the shapes it touches (`kernel_calls.nbytes`), which `elmo_jax.plan` reads.
 handles a block of rows (of one layer and direction) and of the cell's columns, the four gates of
 those columns together.
 
+With `lstm_cell="fused"` the gates' matmul runs inside the forward's cell kernel
+(`gates_and_forward_cell`: the gates stay in registers) and their gradient's product with the
+weights inside the backward's (`backward_cell_and_gates_product`: d_gates written once, to
+their slot), three kernels a step each way.
+
 No kernel of XLA's runs between ours: a matmul that contracts over the cell's columns with a
 small result (the projection, the gates' transposed product) runs as a batch of products over
 parts of those columns (`parts`), which `forward_output` and `backward_output` add, where XLA
@@ -31,6 +36,7 @@ arrays of gates come with the cell's columns in the backward product's parts.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -66,6 +72,11 @@ _PARALLEL_BLOCKS, _PART_COLUMNS = 128, 32
 # `elmo_jax plan` compiles it for each GPU target). Its blocks of rows are each read from L2 once
 # per block of columns, and W's once per block of rows: large blocks both ways.
 _FUSED_ROWS, _FUSED_COLUMNS, _FUSED_DEPTH_BYTES, _FUSED_WARPS = 128, 64, 128, 8
+# Its backward twin (`backward_cell_and_gates_product`), at most: a block's rows, the bytes of its
+# columns of the product (of Q = 2P, in the compute dtype: 128 columns in bfloat16, 64 in
+# float32), and the cell's columns of each of the 4 gates that it multiplies at a time: the
+# largest whose operands fit an A100's shared memory (compiled alone for A100, H100 and H200).
+_FUSED_BACK_ROWS, _FUSED_BACK_Q_BYTES, _FUSED_BACK_DEPTH, _FUSED_BACK_WARPS = 32, 256, 16, 8
 
 
 class _Block:
@@ -211,6 +222,52 @@ def _backward_kernel(*, counter, d_a, d_c, c0, mask, acts, cells, d_gate_slots, 
         d_gates[at.ld, j, at.b, g, part_columns] = d_gate
         d_gate_slots[at.rows, at.s, g, at.columns] = d_gate
     d_c[...] = d_c_prev
+
+
+def _backward_gates_kernel(
+    W, acts, cells, _d_gate_slots, _d_c, c0, d_a, mask, counter, d_gate_slots, d_c, d_in_h, *, clip, rounded, n_rows,
+    n_q, depth, B, D,
+):  # fmt: skip
+    # The slots and d_c come as inputs and as the outputs in their buffers (aliased): written there.
+    # Grid (columns of the product, row blocks, parts of the cell's columns), the first fastest:
+    # the programs that compute a block's d_gates again (each for its columns of Q) run side by
+    # side, so that L2 serves all but the first. d_c (2, R, C): read at the loop counter's parity,
+    # written at the other, so that no program reads a block's d_c after another wrote it.
+    n, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    first, S, part_width = i * n_rows, acts.shape[1], W.shape[-1]
+    layer, ld, b, rows = first // (D * B), first // B, pl.ds(first % B, n_rows), pl.ds(first, n_rows)
+    s, parity = S - 1 - counter[0], counter[0] % 2
+    ran, q = mask[layer, b, s][:, None] != 0, pl.ds(n * n_q, n_q)
+
+    def columns_step(k, total):
+        in_part, columns = pl.ds(k * depth, depth), pl.ds(j * part_width + k * depth, depth)
+        gates = [acts[rows, s, g, columns].astype(jnp.float32) for g in range(4)]
+        c_prev = jax.lax.cond(s == 0, lambda: c0[rows, columns], lambda: cells[rows, jnp.maximum(s - 1, 0), columns])
+        d_acts, d_c_prev = cell_gradients(
+            gates, cells[rows, s, columns], c_prev, d_a[rows, columns].astype(jnp.float32), d_c[parity, rows, columns],
+            ran, clip,
+        )  # fmt: skip
+        d_gates = [
+            activation_gradient(d_act, act, slope, shift).astype(d_gate_slots.dtype)
+            for (slope, _, shift), act, d_act in zip(GATES, gates, d_acts, strict=True)
+        ]
+
+        @pl.when(n == 0)
+        def _():  # once per block, by the first of its programs
+            for g, d_gate in enumerate(d_gates):
+                d_gate_slots[rows, s, g, columns] = d_gate
+            d_c[1 - parity, rows, columns] = d_c_prev
+
+        for g, d_gate in enumerate(d_gates):
+            total += jax.lax.dot_general(
+                d_gate, W[ld, j, q, g, in_part], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+        return total
+
+    total = jax.lax.fori_loop(0, part_width // depth, columns_step, jnp.zeros((n_rows, n_q), jnp.float32))
+    if rounded:  # as the product's result where it comes back in the compute dtype (`rounds_results`)
+        total = total.astype(d_gate_slots.dtype).astype(jnp.float32)
+    d_in_h[ld, j, b, q] = total
 
 
 def _backward_output_kernel(
@@ -494,6 +551,67 @@ def backward_cell(
     )
     d_gates = out["d_gates"].reshape(L, D, J, B, 4, C // J)
     return out["d_gate_slots"].reshape(d_gates_LDBSG.shape), d_gates, out["d_c"].reshape(d_c_LDBC.shape)
+
+
+def backward_cell_and_gates_product(
+    i, d_a_LDBC, d_c_2LDBC, W_LDJQGc, *, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, rounded: bool,
+    clip: float | None,
+):  # fmt: skip
+    """`backward_cell` with the gates' transposed matmul in the kernel (`lstm_cell="fused"`):
+    the carried cell gradient in two buffers (2, L, D, B, C), read at the counter's parity i % 2
+    and written at the other, and the gates' weights (L, D, J, Q, 4, C / J) in the compute
+    dtype, instead of d_gates written for the matmul: each grid program computes the gates'
+    gradient of its block of rows and of the cell's columns of its part (written to its slot
+    once), and its product with its columns of W's transpose -> (the slots with slot s written,
+    the gradient of [inputs; h] as J partial sums (L, D, J, B, Q) float32, which
+    `backward_output` adds (each rounded to the compute dtype where `rounded`, as XLA's products
+    on CPU in bfloat16 come back), the cell
+    gradients with the one carried to step s - 1 written). Other arguments as `backward_cell`'s.
+
+    Bytes declared: W once, and each block's operands of the cell once though the programs
+    for each of its blocks of Q (_FUSED_BACK_Q_BYTES) read them (side by side: from L2).
+    Those programs compute a block's gradients again each (8 at the original size in
+    bfloat16), and each block of rows reads W's part from L2: untimed on a device, unlike the
+    cell kernel and cuBLAS's product that it replaces."""
+    L, D, B, C = d_a_LDBC.shape
+    J, Q = W_LDJQGc.shape[2], W_LDJQGc.shape[3]
+    S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
+    n_rows, n_q = math.gcd(B, _FUSED_BACK_ROWS), math.gcd(Q, _FUSED_BACK_Q_BYTES // jnp.dtype(dtype).itemsize)
+    depth = math.gcd(C // J, _FUSED_BACK_DEPTH)
+    refuse_where_unable("lstm_cell", d_a_LDBC)
+    _refuse_small_products(n_rows, n_q, depth)
+    d_a, d_c = d_a_LDBC.reshape(R, C), d_c_2LDBC.reshape(2, R, C)
+    acts, cells = acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C)
+    d_gate_slots, W = d_gates_LDBSG.reshape(R, S, 4, C), W_LDJQGc.reshape(L * D, J, Q, 4, C // J)
+    d_in_h = like(d_a, (L * D, J, B, Q), jnp.float32)
+    touched = nbytes(
+        d_a, _slot(acts), _slot(cells), _slot(cells), W,  # read: d_a, the slot's activations, the cells of s and s - 1
+        _rows(R, C, d_c.dtype), _rows(R, C, d_c.dtype),  # the cell gradient, read from one buffer, written to the other
+        _slot(d_gate_slots), d_in_h,  # written: the gates' gradient into its slot, the product's parts
+        _rows(R, 1, jnp.int32),  # the mask's rows
+    )  # fmt: skip
+    operands = (W, acts, cells, d_gate_slots, d_c, c0_LDBC.reshape(R, C), d_a, mask_LBS)
+    counter = jnp.reshape(i, (1,)).astype(jnp.int32)
+    kernel = functools.partial(
+        _backward_gates_kernel, clip=clip, rounded=rounded, n_rows=n_rows, n_q=n_q, depth=depth, B=B, D=D
+    )
+    d_gate_slots, d_c, d_in_h = pl.pallas_call(
+        kernel,
+        out_shape=(like(d_gates_LDBSG, d_gate_slots.shape), like(d_c_2LDBC, d_c.shape), d_in_h),
+        grid=(Q // n_q, R // n_rows, J),
+        in_specs=(*[pl.no_block_spec] * len(operands), pl.BlockSpec((1,), lambda n, r, j: (0,))),
+        out_specs=(pl.no_block_spec,) * 3,
+        input_output_aliases={3: 0, 4: 1},
+        interpret=backend() != "gpu",
+        name="lstm_backward_cell_and_gates_product",
+        metadata=metadata(touched, 2 * R * 4 * C * Q),
+        compiler_params=pltriton.CompilerParams(num_warps=_FUSED_BACK_WARPS),
+    )(*operands, counter)
+    return (
+        d_gate_slots.reshape(d_gates_LDBSG.shape),
+        d_in_h.reshape(L, D, J, B, Q),
+        d_c.reshape(d_c_2LDBC.shape),
+    )
 
 
 def forward_output(

@@ -175,7 +175,7 @@ def cell(config: ModelConfig) -> str:
     """ "xla", "pallas" or "fused": config.lstm_cell, with "auto" resolved for the default backend
     (our kernels on GPUs, where they measured faster than XLA's cell (docs/PERFORMANCE.md), for
     the wavefront of 2+ layers that they are written for; XLA's cell elsewhere). "fused" (the
-    gates' matmul in the forward's kernel) is never auto's: it has not run on a GPU yet."""
+    gates' matmuls in the cell's kernels) is never auto's: it has not run on a GPU yet."""
     if config.lstm_cell != "auto":
         return config.lstm_cell
     ours = backend() == "gpu" and schedule(config) == "wavefront" and config.lstm.n_layers >= 2

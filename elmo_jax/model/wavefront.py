@@ -21,6 +21,7 @@ import numpy as np
 
 from elmo_jax.model.cell_kernels import (
     backward_cell,
+    backward_cell_and_gates_product,
     backward_output,
     forward_cell,
     forward_output,
@@ -55,7 +56,7 @@ class Stack(NamedTuple):
     unroll: int
     dtype: str
     # "xla", "pallas" or "fused": the training step's cell as kernels of our own (`cell_kernels`);
-    # "fused": the forward's kernel with the gates' matmul in it
+    # "fused": the cells' kernels with the gates' matmul (forward) and its transpose (backward) in them
     cell: str
 
 
@@ -494,18 +495,30 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
     J = saved.W_loop.shape[2]  # the weights' parts of the cell's columns
     ran_LBS, keep_8, rate = _kernel_masks(saved.mask_LBS, saved.keep_UDBSP, st.dropout)
 
-    def step(i, carry):
-        d_h, d_c, d_h_raw, slots = carry
-        d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype)  # as the forward's gates
+    def cell(i, d_a, d_c, slots):
+        """-> the gates' gradient's slots, the gradient of [inputs; h] (L, D, J or 1, B, 2P) and
+        the carried cell gradient: the cell's kernel, then the gates' transposed product; or
+        both in one kernel (`st.cell` "fused"; the cell gradient in 2 buffers, `d_c`)."""
+        kept = dict(c0_LDBC=saved.c0, mask_LBS=ran_LBS, acts_LDBSG=saved.acts_LDBSG, c_LDBSC=saved.c_LDBSC)
+        if st.cell == "fused":
+            return backward_cell_and_gates_product(
+                i, d_a, d_c, saved.W_loop, **kept, d_gates_LDBSG=slots.d_gates, rounded=rounds_results(st.dtype),
+                clip=st.clips.cell,
+            )  # fmt: skip
         d_gate_slots, d_gates, d_c = backward_cell(
-            i, d_a, d_c, c0_LDBC=saved.c0, mask_LBS=ran_LBS, acts_LDBSG=saved.acts_LDBSG, c_LDBSC=saved.c_LDBSC,
-            d_gates_LDBSG=slots.d_gates, J=J, clip=st.clips.cell,
-        )  # fmt: skip
+            i, d_a, d_c, **kept, d_gates_LDBSG=slots.d_gates, J=J, clip=st.clips.cell
+        )
         if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
             d_in_h = einsum("ldbg,ldqg->ldbq", _joined(d_gates), _joined(saved.W_loop), st.dtype)[:, :, None]
         else:  # J partial products (the weights' parts), which backward_output adds
             d_gates, W_parts = d_gates.reshape(L, D, J, B, -1), saved.W_loop.reshape(L, D, J, 2 * P, -1)
             d_in_h = einsum("ldjbn,ldjqn->ldjbq", d_gates, W_parts, st.dtype)
+        return d_gate_slots, d_in_h, d_c
+
+    def step(i, carry):
+        d_h, d_c, d_h_raw, slots = carry
+        d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype)  # as the forward's gates
+        d_gate_slots, d_in_h, d_c = cell(i, d_a, d_c, slots)
         d_ins, d_h_raws, d_h, d_h_raw = backward_output(
             i, d_in_h, d_h, d_h_raw, mask_LBS=ran_LBS, d_out_LDBSP=d_out_LDBSP, h_LDBSP=saved.h_LDBSP,
             keep_UDBSP=keep_8, d_in_LDBSP=slots.d_in, d_h_raw_LDBSP=slots.d_h_raw, clip=st.clips.proj, skip=st.skip,
@@ -514,8 +527,10 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         return d_h, d_c, d_h_raw, _GradientSlots(d_gate_slots, d_h_raws, d_ins)
 
     d_h_raw = narrow(_output_gradients(saved, d_out_LDBSP, S - 1, d_h, jnp.zeros_like(d_h), st)[1], st.dtype)
+    if st.cell == "fused":  # step i reads d_c at i % 2 and writes it at the other
+        d_c = jnp.stack([d_c, jnp.zeros_like(d_c)])
     d_h0, d_c0, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_h_raw, slots), unroll=st.unroll)
-    return d_h0, d_c0, slots
+    return d_h0, d_c0[S % 2] if st.cell == "fused" else d_c0, slots
 
 
 def _wavefront_bwd(st: Stack, saved: _Saved, cotangents):

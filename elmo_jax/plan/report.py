@@ -91,7 +91,7 @@ def estimate(step: CompiledStep, target: Target) -> dict:
 
 
 # How the header names our LSTM cells (lstm_cell); XLA's is not named.
-_LSTM_CELLS = {"pallas": ", Pallas LSTM cell", "fused": ", Pallas LSTM cell with the gates' matmul fused"}
+_LSTM_CELLS = {"pallas": ", Pallas LSTM cell", "fused": ", Pallas LSTM cell with the gates' matmuls fused"}
 
 
 def _char_cnn(result: dict) -> str:
