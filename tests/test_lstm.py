@@ -374,7 +374,10 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
 
     z = jnp.zeros((L, D, 1, B, 4, C))  # the cell's columns in 1 part
     cell(z)  # on this CPU, outside shard_map: runs
-    with tracing_for("tpu"), pytest.raises(UserError, match="none for TPUs"):
+    with (
+        tracing_for("tpu"),
+        pytest.raises(UserError, match="lstm_cell='pallas' or 'fused' has kernels for GPUs .* none for TPUs"),
+    ):
         cell(z)
     mesh = jax.make_mesh((1,), ("data",))
     data_parallel = jax.shard_map(cell, mesh=mesh, in_specs=jax.P("data"), out_specs=jax.P("data"))

@@ -346,7 +346,7 @@ def _call(
     or writes, `in_parts`), at most `columns` of them; its rows divide B, at most `rows`. `warps`:
     Triton's warps a program (None: its default)."""
     first = next(iter(blocked.values()))
-    refuse_where_unable("lstm_cell", first)
+    refuse_where_unable("lstm_cell", first, values=("pallas", "fused"))
     R, C, B = first.shape[0], first.shape[-1], static["B"]
     n_rows, n_columns = math.gcd(B, rows), math.gcd(C, columns, *parts)
     if flops is not None:
@@ -578,7 +578,7 @@ def backward_cell_and_gates_product(
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
     n_rows, n_q = math.gcd(B, _FUSED_BACK_ROWS), math.gcd(Q, _FUSED_BACK_Q_BYTES // jnp.dtype(dtype).itemsize)
     depth = math.gcd(C // J, _FUSED_BACK_DEPTH)
-    refuse_where_unable("lstm_cell", d_a_LDBC)
+    refuse_where_unable("lstm_cell", d_a_LDBC, values=("pallas", "fused"))
     _refuse_small_products(n_rows, n_q, depth)
     d_a, d_c = d_a_LDBC.reshape(R, C), d_c_2LDBC.reshape(2, R, C)
     acts, cells = acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C)

@@ -34,15 +34,18 @@ def like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStru
     return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
 
 
-def refuse_where_unable(setting: str, x: jax.Array, on_tpu: bool = False) -> None:
+def refuse_where_unable(
+    setting: str, x: jax.Array, on_tpu: bool = False, values: tuple[str, ...] = ("pallas",)
+) -> None:
     """Our kernels are Triton's (GPUs), some with TPU variants (Mosaic: `on_tpu`): a UserError on
     a TPU for those without, and on a CPU where x is device-varying (Pallas's interpreter, which
     runs them in the tests, cannot run inside the data-parallel train step's shard_map).
-    `setting` names the setting that picked them."""
+    `setting` names the setting that picked them, `values` its values that do."""
+    picked = f"{setting}=" + " or ".join(repr(v) for v in values)
     if backend() == "tpu" and not on_tpu:
-        raise UserError(f"{setting}='pallas' has kernels for GPUs (Triton), none for TPUs: use {setting}='xla'")
+        raise UserError(f"{picked} has kernels for GPUs (Triton), none for TPUs: use {setting}='xla'")
     if backend() == "cpu" and jax.typeof(x).manual_axis_type.varying:
         raise UserError(
-            f"{setting}='pallas' has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
+            f"{picked} has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
             f"inside the data-parallel train step: use {setting}='xla'"
         )
