@@ -127,8 +127,8 @@ rm -rf "$dir/train_e2e"
 if [ "$cpu" != 1 ]; then
   timeout 420 $python launch.py train "${train[@]}" --workdir="$dir/train_e2e" --config.data.train="lm1b:$lm1b" \
     --config.data.vocab="$lm1b/vocab.txt" --config.data.heldout= --config.train.compute_dtype=bfloat16 \
-    --config.train.checkpoint_every=100000 --config.train.lstm_cell=fused 2>&1 | grep -E 'step [0-9]+/|input|Error' \
-    | tee "$dir/train_e2e_fused.txt"
+    --config.train.checkpoint_every=100000 --config.train.lstm_schedule=wavefront --config.train.lstm_cell=fused \
+    2>&1 | grep -E 'step [0-9]+/|input|Error' | tee "$dir/train_e2e_fused.txt"
   grep -q 'step [0-9]*/' "$dir/train_e2e_fused.txt" || echo "FAILED: train end to end, fused" | tee -a "$dir/failures.txt"
   rm -rf "$dir/train_e2e"
 fi
