@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.model.backend import backend
 from elmo_jax.model.cell_kernels import backward_cell, backward_output, forward_cell, forward_output, parts
 from elmo_jax.model.cell_math import (
     GATES,
@@ -131,6 +132,13 @@ def _at_slot(x: jax.Array, s, axis: int = 3) -> jax.Array:
 
 def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(buffer, value, s, axis=axis)
+
+
+def _saved_operand(buffer: jax.Array, s, value: jax.Array) -> jax.Array:
+    """A matmul's operand `value`, just saved to slot s of `buffer`, in the buffer's dtype: read
+    back from the slot on TPUs, whose matmuls read a slot in place (so the pass computing it
+    writes it once); elsewhere the value, which a GPU's library matmul would copy out of the slot."""
+    return _at_slot(buffer, s) if backend() == "tpu" else narrow(value, buffer.dtype)
 
 
 def input_gates(W_0: jax.Array, b: jax.Array, x_DNP: jax.Array, dtype: str = "float32") -> jax.Array:
@@ -295,8 +303,9 @@ def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, 
         c_new, a = _cell(_read_gates(slots.acts, s), c, st)
         # So is the projection's operand, in the dtype the projection and W_proj's gradient read.
         slots = slots._replace(a=_put_slot(slots.a, s, narrow(a, slots.a.dtype)))
+        a = _saved_operand(slots.a, s, a)
         m = wave.mask_LBS[:, None, :, s, None]
-        h, c, out = _project(_at_slot(slots.a, s), c_new, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
+        h, c, out = _project(a, c_new, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
         slots = slots._replace(h=_put_slot(slots.h, s, h), c=_put_slot(slots.c, s, c))
         if L > 1:
             slots = slots._replace(out=_put_slot(slots.out, s, out))
@@ -453,7 +462,8 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
             activation_gradient(d_act, act, slope, shift) for d_act, act, (slope, _, shift) in zip(d_acts, acts, GATES)
         ]
         # Saved first and read back (as the forward's activations): written once, in the dtype
-        # that the transposed matmul below reads.
+        # that the transposed matmul below reads (on a GPU too, whose library matmul then copies
+        # it out of the slot: still fewer bytes than its fusions computing the gates twice).
         slots = slots._replace(
             d_gates=_put_slot(slots.d_gates, s, narrow(jnp.concatenate(d_gates, axis=-1), slots.d_gates.dtype)),
             d_h_raw=_put_slot(slots.d_h_raw, s, narrow(d_h_raw, slots.d_h_raw.dtype)),
