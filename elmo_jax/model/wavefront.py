@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.model.backend import backend
 from elmo_jax.model.cell_kernels import (
     backward_cell,
     backward_cell_and_gates_product,
@@ -75,13 +76,14 @@ class _Slots(NamedTuple):
     state h and c each step leaves (slot s - 1's is what step s read), its gate activations (in
     the compute dtype: with bfloat16 matmuls, half the bytes of the loops' largest arrays), the
     layers' outputs (several layers: layers >= 1 read the layer below's of the step before from
-    its slot, not carried) and the projection's operand (our kernels save it)."""
+    its slot, not carried) and the projection's operand o tanh(c) (compute dtype: W_proj's
+    gradient reads it, as the projection does)."""
 
     h: jax.Array
     acts: jax.Array
     c: jax.Array
-    out: jax.Array | None = None
-    a: jax.Array | None = None
+    out: jax.Array | None
+    a: jax.Array
 
 
 class _Saved(NamedTuple):
@@ -98,7 +100,7 @@ class _Saved(NamedTuple):
     h_LDBSP: jax.Array  # _Slots' h, acts and c
     acts_LDBSG: jax.Array
     c_LDBSC: jax.Array
-    a_LDBSC: jax.Array | None  # the projection's operand, where our kernels saved it
+    a_LDBSC: jax.Array  # the projection's operand
 
 
 class _GradientSlots(NamedTuple):
@@ -140,6 +142,13 @@ def _at_slot(x: jax.Array, s, axis: int = 3) -> jax.Array:
 
 def _put_slot(buffer: jax.Array, s, value: jax.Array, axis: int = 3) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(buffer, value, s, axis=axis)
+
+
+def _saved_operand(buffer: jax.Array, s, value: jax.Array) -> jax.Array:
+    """A matmul's operand `value`, just saved to slot s of `buffer`, in the buffer's dtype: read
+    back from the slot on TPUs, whose matmuls read a slot in place (so the pass computing it
+    writes it once); elsewhere the value, which a GPU's library matmul would copy out of the slot."""
+    return _at_slot(buffer, s) if backend() == "tpu" else narrow(value, buffer.dtype)
 
 
 def input_gates(W_0: jax.Array, b: jax.Array, x_DNP: jax.Array, dtype: str = "float32") -> jax.Array:
@@ -189,14 +198,19 @@ def _gate_inputs(wave: _Wave, W_loop, b, gates_x_1DBSG, st: Stack):
     return one_layer if gates_x_1DBSG is not None else layers
 
 
-def _cell(acts, h, c, inputs, m, W_proj_loop, skip_L, st: Stack):
-    """XLA's cell after the gates: the four gates' activations (each L, D, B, C), the state h, c
-    it read, the layers' inputs, where it ran (L, D, B, 1) -> (the state it leaves h, c, the
-    layers' outputs)."""
+def _cell(acts, c, st: Stack):
+    """XLA's cell after the gates: the four gates' activations (each L, D, B, C) and the cell c
+    it read -> (the new cell, the projection's operand a = o tanh(c), each L, D, B, C)."""
     si, tj, sf, so = acts
     c_new = cell_update(si, tj, sf, c, st.clips.cell)
-    h_raw = einsum("ldbc,ldcp->ldbp", so * jnp.tanh(c_new), W_proj_loop, st.dtype)
-    h_new = clipped(h_raw, st.clips.proj)
+    return c_new, so * jnp.tanh(c_new)
+
+
+def _project(a, c_new, h, c, inputs, m, W_proj_loop, skip_L, st: Stack):
+    """XLA's cell's output: the projection's operand a and the new cell (`_cell`), the state h,
+    c it read, the layers' inputs, where it ran (L, D, B, 1) -> (the state it leaves h, c, the
+    layers' outputs)."""
+    h_new = clipped(einsum("ldbc,ldcp->ldbp", a, W_proj_loop, st.dtype), st.clips.proj)
     out = _layer_outputs(h_new, inputs, m, skip_L)
     return jnp.where(m, h_new, h), jnp.where(m, c_new, c), out
 
@@ -256,8 +270,8 @@ def wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: Stack,
         h, c, outs = carry
         inputs, z = gates(s, h, outs)
         m = wave.mask_LBS[:, None, :, s, None]
-        acts = jnp.split(activation(z, slope, offset, shift), 4, axis=-1)
-        h, c, out = _cell(acts, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
+        c_new, a = _cell(jnp.split(activation(z, slope, offset, shift), 4, axis=-1), c, st)
+        h, c, out = _project(a, c_new, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
         outs = _put_slot(outs, s, out)
         if reset_BT is not None:
             restart = reset_after_LBS[:, None, :, s, None]
@@ -269,7 +283,7 @@ def wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: Stack,
     return _unskew(outs, wave.T, axis=3), h, c
 
 
-def _train_slots(x_DBTP: jax.Array, L: int, D: int, B: int, S: int, C: int, st: Stack, own_cell: bool) -> _Slots:
+def _train_slots(x_DBTP: jax.Array, L: int, D: int, B: int, S: int, C: int, st: Stack) -> _Slots:
     """Empty save buffers of the training forward (`_Slots`)."""
     P, f32 = x_DBTP.shape[-1], x_DBTP.dtype
 
@@ -278,7 +292,7 @@ def _train_slots(x_DBTP: jax.Array, L: int, D: int, B: int, S: int, C: int, st: 
 
     h, acts, c = slots(P, f32), slots(4 * C, st.dtype), slots(C, f32)
     out = slots(P, f32) if L > 1 else None
-    return _Slots(h, acts, c, out, slots(C, st.dtype) if own_cell else None)
+    return _Slots(h, acts, c, out, slots(C, st.dtype))
 
 
 def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, c_LDBC, slots: _Slots, st: Stack):
@@ -296,9 +310,12 @@ def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, 
         slots = slots._replace(
             acts=_put_slot(slots.acts, s, narrow(activation(z, slope, offset, shift), slots.acts.dtype))
         )
-        acts = _read_gates(slots.acts, s)
+        c_new, a = _cell(_read_gates(slots.acts, s), c, st)
+        # So is the projection's operand, in the dtype the projection and W_proj's gradient read.
+        slots = slots._replace(a=_put_slot(slots.a, s, narrow(a, slots.a.dtype)))
+        a = _saved_operand(slots.a, s, a)
         m = wave.mask_LBS[:, None, :, s, None]
-        h, c, out = _cell(acts, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
+        h, c, out = _project(a, c_new, h, c, inputs, m, W_proj_loop, wave.skip_L, st)
         slots = slots._replace(h=_put_slot(slots.h, s, h), c=_put_slot(slots.c, s, c))
         if L > 1:
             slots = slots._replace(out=_put_slot(slots.out, s, out))
@@ -364,7 +381,7 @@ def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT
     # products whose parts the kernel after it adds (`cell_kernels.parts`: its result is small).
     J = parts(C, L * D * B * 2 * P) if own_cell else None
     W_loop, W_proj_loop, gates_x_1DBSG = _loop_weights(W_0, W_proj, wave.x_DBSP, b, st, J=J)
-    slots = _train_slots(x_DBTP, L, D, B, S, C, st, own_cell)
+    slots = _train_slots(x_DBTP, L, D, B, S, C, st)
     if own_cell:
         h, c, slots = _own_train_loop(wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots, st)
     else:
@@ -460,7 +477,8 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
             activation_gradient(d_act, act, slope, shift) for d_act, act, (slope, _, shift) in zip(d_acts, acts, GATES)
         ]
         # Saved first and read back (as the forward's activations): written once, in the dtype
-        # that the transposed matmul below reads.
+        # that the transposed matmul below reads (on a GPU too, whose library matmul then copies
+        # it out of the slot: still fewer bytes than its fusions computing the gates twice).
         slots = slots._replace(
             d_gates=_put_slot(slots.d_gates, s, narrow(jnp.concatenate(d_gates, axis=-1), slots.d_gates.dtype)),
             d_h_raw=_put_slot(slots.d_h_raw, s, narrow(d_h_raw, slots.d_h_raw.dtype)),
@@ -538,7 +556,7 @@ def _wavefront_bwd(st: Stack, saved: _Saved, cotangents):
     L, D, B, S, P = saved.in_LDBSP.shape
     T = S - L + 1
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
-    own_cell = saved.a_LDBSC is not None  # the forward ran our kernels, which saved the projection's operand
+    own_cell = L > 1 and st.cell in ("pallas", "fused")  # as the forward's (`_wave_train`)
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
     # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
     # W_0's (a column of ones beside its inputs): d_gates are read once.
@@ -565,12 +583,9 @@ def _weight_gradients(saved: _Saved, slots: _GradientSlots, st: Stack):
     each over all slots (those outside a layer's 0..T-1 are masked: their d_gates and d_h_raw are
     0)."""
     h_prev_LDBSP = jnp.concatenate([saved.h0[:, :, :, None], saved.h_LDBSP[:, :, :, :-1]], axis=3)
-    a_LDBSC = saved.a_LDBSC
-    if a_LDBSC is None:  # the projection's operand, unless the forward's kernel saved it
-        a_LDBSC = widened(jnp.split(saved.acts_LDBSG, 4, axis=-1)[3]) * jnp.tanh(saved.c_LDBSC)
     rows_LDBSK = jnp.concatenate([saved.in_LDBSP, h_prev_LDBSP, jnp.ones_like(h_prev_LDBSP[..., :1])], axis=-1)
     d_W_0_b = einsum("ldbsk,ldbsg->ldkg", rows_LDBSK, slots.d_gates, st.dtype)
-    d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", slots.d_h_raw, a_LDBSC, st.dtype), 2, 3)
+    d_W_proj = jnp.swapaxes(einsum("ldbsp,ldbsc->ldpc", slots.d_h_raw, saved.a_LDBSC, st.dtype), 2, 3)
     return d_W_0_b, d_W_proj
 
 
