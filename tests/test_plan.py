@@ -734,6 +734,30 @@ def test_the_published_models_default_train_step_compiles_for_every_gpu(tmp_path
     assert plan["memory"]["needs"] < plan["memory"]["capacity"]
 
 
+TPUS = [name for name in sorted(TARGETS) if TARGETS[name].platform == "tpu"]
+
+
+@pytest.mark.slow
+@pytest.mark.launches
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", TPUS)
+def test_the_published_models_default_train_step_compiles_for_every_tpu(tmp_path, name, dtype):
+    """elmo_original's step with every default for a TPU (char_conv auto: our char CNN kernels'
+    TPU variants, which Mosaic compiles; XLA's LSTM cell), at 32 rows per device and a small
+    vocabulary: the three kernels are in the program, each counted as the bytes it declares."""
+    _need_plugin(tpu=True)
+    program = tmp_path / "step.hlo"
+    args = ["plan", "--config=elmo_original", f"--target={name}", "--vocab_size=10000", "--nofit"]
+    args += ["--config.train.per_device_batch_size=32", f"--config.train.compute_dtype={dtype}", f"--hlo={program}"]
+    result = run_cli(args, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (plan["lstm_cell"], plan["char_conv"]) == ("xla", "pallas")
+    kernels = [k for k in Program(program.read_text(), "tpu").kernels() if k.kind == "pallas"]
+    assert sorted(k.source.split("/")[-2] for k in kernels) == sorted(plan["char_blocks"])
+    assert all(k.part == "token_encoder" and k.bytes > 0 and k.flops > 0 for k in kernels)
+
+
 # The published char CNN (experiments/elmo_original.py): 7 filters up to width 7 over 16-wide
 # character embeddings (112-wide windows), 2,048 filters, 50 characters.
 PUBLISHED_CHAR_CNN = (50, 128, 2048)  # W, K, F as the kernels see them

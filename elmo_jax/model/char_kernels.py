@@ -11,9 +11,9 @@ of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memo
   gradient at each position (its share where the position's bit is set, else 0) built block by
   block from those bits.
 
-Operands: windows (W, N, K) in the compute dtype (position-major; K the widest filter's window,
-zero-padded to a power of two), the filter bank (K, F), F and N padded to whole blocks
-(`padded`). On GPUs they lower to Triton; on TPUs their tiled variants (`tiled()`: each grid
+Operands: windows (W, N, K) in the compute dtype (position-major, on a TPU (W, K, N); K the
+widest filter's window, zero-padded to a power of two), the filter bank (K, F), F and N padded
+to whole blocks (`padded`). On GPUs they lower to Triton; on TPUs their tiled variants (`tiled()`: each grid
 program's operands in VMEM blocks of whole positions, which the grid's pipeline fetches from
 device memory, the max, its bits and the gradients' sums kept in their outputs' blocks) to
 Mosaic; on a CPU (this project's tests, both variants) Pallas interprets them, to the numbers of

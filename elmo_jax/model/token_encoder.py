@@ -244,8 +244,9 @@ def conv(config: ModelConfig) -> str:
     """ "xla" or "pallas": the training step's char CNN, config.char_conv with "auto" resolved
     for the default backend (our kernels on GPUs and TPUs, where they leave the step's largest
     activation out of device memory: about 3 of the 4.9 GB a train step of the published size
-    moves at 128 rows on a GPU, 22 of 23.4 GB at 512 rows on a TPU v5p, by `elmo-jax plan`; XLA's
-    elsewhere, and on a GPU whose shared memory they do not fit, said once)."""
+    moves at 128 rows on a GPU, 18 of the token encoder's 23.4 GB at 512 rows on a TPU v5p, by
+    `elmo-jax plan`; XLA's elsewhere, and on a GPU whose shared memory they do not fit, said
+    once)."""
     if config.char_conv != "auto":
         return config.char_conv
     if backend() == "tpu":
