@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from elmo_jax.model import softmax_kernels
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
 from elmo_jax.model.top_k import top_k_indices
@@ -60,15 +61,24 @@ def sampled_softmax_ce(
     log_q_candidates_S: jax.Array,
     log_q_targets_N: jax.Array,
     dtype: str = "float32",
+    kernel: str = "xla",
 ) -> jax.Array:
     """Per-position cross entropy (N,) of the true class against the sampled ones; the
     candidates' logits are a matmul in `dtype`, the log-sum-exp is float32.
 
     Logits are corrected by -log Q; a candidate equal to the position's target (an accidental
     hit) is removed. The ids index rows of W and b (a whole table or the rows a step uses).
+    `kernel`: "xla" (the logits (N, S) in device memory) or "pallas" (ours: only their
+    log-sum-exp, `softmax_kernels`), the same numbers.
     """
     true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N] - log_q_targets_N
-    sampled = matmul(h_NP, W_VP[candidate_ids_S].T, dtype) + b_V[candidate_ids_S] - log_q_candidates_S
+    W_SP, bias_S = W_VP[candidate_ids_S], b_V[candidate_ids_S] - log_q_candidates_S
+    if kernel == "pallas":
+        P = h_NP.shape[-1]
+        block = softmax_kernels.chosen_block(P, dtype)
+        lse = softmax_kernels.sampled_logsumexp(h_NP, W_SP, bias_S, candidate_ids_S, targets_N, dtype, block)
+        return jnp.logaddexp(true_logit, lse) - true_logit
+    sampled = matmul(h_NP, W_SP.T, dtype) + bias_S
     sampled = jnp.where(candidate_ids_S[None, :] == targets_N[:, None], -jnp.inf, sampled)
     # One pass over the logits on accelerators; XLA on CPU runs a reduction with its own
     # combiner element by element, several times slower than its two vectorised passes.
