@@ -23,6 +23,17 @@ from elmo_jax.model.matmul import matmul
 from elmo_jax.model.top_k import top_k_indices
 
 
+def kernel(config) -> str:
+    """ "xla" or "pallas": the training step's sampled softmax, config.softmax_kernel with "auto"
+    resolved for the backend the model is traced for (ours on GPUs where both kernels compile
+    for its P-wide rows, else XLA's)."""
+    if config.softmax_kernel != "auto":
+        return config.softmax_kernel
+    if backend() != "gpu":
+        return "xla"
+    return "xla" if softmax_kernels.unfit(config.lstm.projection_dim, config.compute_dtype) else "pallas"
+
+
 def log_uniform_log_probs(vocab_size: int) -> jax.Array:
     """log P(k) = log((log(k + 2) - log(k + 1)) / log(V + 1)), k = 0..V-1."""
     k = jnp.arange(vocab_size, dtype=jnp.float32)
