@@ -1,7 +1,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from elmo_jax.model import softmax_kernels
 from elmo_jax.model.softmax import (
     full_softmax_ce,
     log_uniform_log_probs,
@@ -122,3 +124,42 @@ def test_top_k_without_a_full_sort_equals_lax_top_k():
                 selected = jax.jit(lambda v: top_k_indices(v, k))(x)  # noqa: B023
                 assert "top_k" not in str(jax.make_jaxpr(lambda v: top_k_indices(v, k))(x))  # noqa: B023
             np.testing.assert_array_equal(selected, jax.lax.top_k(x, k)[1], err_msg=f"{name}, k={k}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block", [(64, 128), (16, 16)])
+def test_pallas_sampled_softmax_equals_xla_with_its_gradients(dtype, block, monkeypatch):
+    """Our kernels (interpreted here) give XLA's path's loss and gradients (h, the table's rows
+    through the candidates' gather, its biases), in float32 and bfloat16, with accidental hits,
+    a row whose every candidate is its target, and sizes that fill neither a block of rows nor
+    a tile of candidates (at (16, 16): several of each)."""
+    monkeypatch.setattr(softmax_kernels, "BLOCKS", (block,))
+    rng = np.random.default_rng(5)
+    N, S, P, V = 37, 50, 24, 80
+    h = jnp.asarray(rng.normal(size=(N, P)), jnp.float32)
+    W = jnp.asarray(rng.normal(size=(V, P)) * 0.3, jnp.float32)
+    b = jnp.asarray(rng.normal(size=V), jnp.float32)
+    candidates = np.asarray(rng.permutation(V)[:S])
+    candidates[-4:] = candidates[0]  # repeated: row 0's target is 5 of its candidates
+    candidates = jnp.asarray(candidates)
+    targets = jnp.asarray(rng.integers(V, size=N)).at[:6].set(candidates[:6])  # accidental hits
+    log_q_candidates = jnp.asarray(rng.normal(size=S), jnp.float32)
+    log_q_targets = jnp.asarray(rng.normal(size=N), jnp.float32)
+    weights = jnp.asarray(rng.normal(size=N), jnp.float32)
+
+    def loss(h, W, b, kernel):
+        ce = sampled_softmax_ce(h, targets, W, b, candidates, log_q_candidates, log_q_targets, dtype, kernel)
+        return jnp.sum(ce * weights)
+
+    want, want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(h, W, b, "xla")
+    got, got_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(h, W, b, "pallas")
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for name, g, w in zip(("h", "W", "b"), got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * float(jnp.abs(w).max()), err_msg=name)
+    # Every candidate the target: the row's log-sum-exp is -inf, its loss 0, its gradients 0.
+    one = jnp.full((3,), candidates[0])
+    lse, vjp = jax.vjp(
+        lambda h: sampled_softmax_ce(h, targets, W, b, one, jnp.zeros(3), log_q_targets, dtype, "pallas"), h
+    )
+    assert lse[0] == 0 and np.all(np.isfinite(np.asarray(vjp(jnp.ones(N))[0])))
+    assert np.all(np.asarray(vjp(jnp.ones(N))[0])[0] == 0)
