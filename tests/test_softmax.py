@@ -127,13 +127,16 @@ def test_top_k_without_a_full_sort_equals_lax_top_k():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tiled", [False, True], ids=["triton", "mosaic"])
 @pytest.mark.parametrize("block", [(64, 128), (16, 16)])
-def test_pallas_sampled_softmax_equals_xla_with_its_gradients(dtype, block, monkeypatch):
-    """Our kernels (interpreted here) give XLA's path's loss and gradients (h, the table's rows
-    through the candidates' gather, its biases), in float32 and bfloat16, with accidental hits,
-    a row whose every candidate is its target, and sizes that fill neither a block of rows nor
-    a tile of candidates (at (16, 16): several of each)."""
+def test_pallas_sampled_softmax_equals_xla_with_its_gradients(dtype, tiled, block, monkeypatch):
+    """Our kernels (interpreted here; GPU and TPU variants) give XLA's path's loss and gradients
+    (h, the table's rows through the candidates' gather, its biases), in float32 and bfloat16,
+    with accidental hits, a row whose every candidate is its target, and sizes that fill neither
+    a block of rows nor a tile of candidates (at (16, 16): several of each)."""
     monkeypatch.setattr(softmax_kernels, "BLOCKS", (block,))
+    monkeypatch.setattr(softmax_kernels, "TILED_BLOCK", block)
+    monkeypatch.setattr(softmax_kernels, "tiled", lambda: tiled)
     rng = np.random.default_rng(5)
     N, S, P, V = 37, 50, 24, 80
     h = jnp.asarray(rng.normal(size=(N, P)), jnp.float32)
@@ -163,3 +166,21 @@ def test_pallas_sampled_softmax_equals_xla_with_its_gradients(dtype, block, monk
     )
     assert lse[0] == 0 and np.all(np.isfinite(np.asarray(vjp(jnp.ones(N))[0])))
     assert np.all(np.asarray(vjp(jnp.ones(N))[0])[0] == 0)
+
+
+def test_the_softmax_kernels_lower_for_a_tpu_and_declare_their_bytes():
+    """Traced for a TPU, `softmax_kernel='pallas'` lowers to Mosaic kernels (the tiled variants),
+    each declaring its bytes and FLOPs to `elmo-jax plan`."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.kernel_calls import BYTES_KEY, FLOPS_KEY
+
+    N, S, P = 40, 300, 128
+    h, W, b = jnp.zeros((N, P)), jnp.zeros((S, P)), jnp.zeros(S)
+    ids, targets = jnp.arange(S), jnp.zeros(N, jnp.int32)
+
+    def loss(h, W, b):
+        return sampled_softmax_ce(h, targets, W, b, ids, jnp.zeros(S), jnp.zeros(N), "bfloat16", "pallas").sum()
+
+    with tracing_for("tpu"):
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(h, W, b).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 2 and text.count(BYTES_KEY) == 2 and text.count(FLOPS_KEY) == 2

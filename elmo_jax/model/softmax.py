@@ -25,10 +25,12 @@ from elmo_jax.model.top_k import top_k_indices
 
 def kernel(config) -> str:
     """ "xla" or "pallas": the training step's sampled softmax, config.softmax_kernel with "auto"
-    resolved for the backend the model is traced for (ours on GPUs where both kernels compile
-    for its P-wide rows, else XLA's)."""
+    resolved for the backend the model is traced for (ours on TPUs and on GPUs where both
+    kernels compile for its P-wide rows, else XLA's)."""
     if config.softmax_kernel != "auto":
         return config.softmax_kernel
+    if backend() == "tpu":
+        return "pallas"
     if backend() != "gpu":
         return "xla"
     return "xla" if softmax_kernels.unfit(config.lstm.projection_dim, config.compute_dtype) else "pallas"

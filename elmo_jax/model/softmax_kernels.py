@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend, device, tracing_for
@@ -37,6 +38,8 @@ from elmo_jax.model.matmul import narrow, result_type, widened
 Block = tuple[int, int]  # (rows, candidates) of a tile
 # Tried in this order on a GPU until both kernels compile for it (`chosen_block`).
 BLOCKS = ((64, 128), (64, 64), (32, 64), (32, 32), (16, 32), (16, 16))
+# A TPU tile (`tiled()`): its blocks, double-buffered, and its float32 logits take a few MB of VMEM.
+TILED_BLOCK, VMEM_LIMIT = (512, 512), 48 << 20
 LSE, GRADIENT = "sampled_softmax_lse", "sampled_softmax_gradient"
 
 
@@ -85,6 +88,49 @@ def _gradient_kernel(
     jax.lax.fori_loop(0, w_ref.shape[0] // n_columns, tile, None)
 
 
+def _tiled_logits(h_ref, targets_ref, w_ref, bias_ref, ids_ref, dtype: str):
+    """A TPU tile's logits (rows, candidates) float32 from its VMEM blocks (`_logits`' numbers)."""
+    product = jax.lax.dot_general(
+        h_ref[...], w_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=result_type(dtype)
+    )
+    return jnp.where(ids_ref[...] == targets_ref[...], -jnp.inf, widened(product) + bias_ref[...])
+
+
+def _tiled_lse_kernel(h_ref, targets_ref, w_ref, bias_ref, ids_ref, lse_ref, top_ref, total_ref, *, dtype: str):
+    # TPU: grid (row blocks, candidate tiles), the running max and sum (rows, 1) in VMEM scratch.
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _():
+        top_ref[...] = jnp.full(top_ref.shape, -jnp.inf, jnp.float32)
+        total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
+
+    y, top = _tiled_logits(h_ref, targets_ref, w_ref, bias_ref, ids_ref, dtype), top_ref[...]
+    new_top = jnp.maximum(top, y.max(axis=1, keepdims=True))
+    shift = jnp.where(new_top == -jnp.inf, 0.0, new_top)
+    total_ref[...] = total_ref[...] * jnp.exp(top - shift) + jnp.exp(y - shift).sum(axis=1, keepdims=True)
+    top_ref[...] = new_top
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        lse_ref[...] = top_ref[...] + jnp.log(total_ref[...])
+
+
+def _tiled_gradient_kernel(h_ref, targets_ref, lse_ref, g_ref, w_ref, bias_ref, ids_ref, d_ref, sums_ref, *, dtype):
+    # TPU: grid (row blocks, candidate tiles), each tile's gradient and its sum over the block's rows.
+    y = _tiled_logits(h_ref, targets_ref, w_ref, bias_ref, ids_ref, dtype)
+    d = jnp.where(y == -jnp.inf, 0.0, g_ref[...] * jnp.exp(y - lse_ref[...]))
+    d_ref[...] = narrow(d, dtype)
+    sums_ref[0] = d.sum(axis=0, keepdims=True)
+
+
+def tiled() -> bool:
+    """The kernels' TPU variants (Mosaic: a grid over row blocks and candidate tiles, each
+    program's operands in VMEM blocks the grid's pipeline fetches), where the model is traced
+    for a TPU; else the GPU's (Triton: a program per row block, looping over the tiles)."""
+    return backend() == "tpu"
+
+
 def _padded(n: int, block: int) -> int:
     """n rounded up to whole blocks."""
     return -(-n // block) * block
@@ -110,47 +156,92 @@ class _Operands:
         self.ids = jnp.pad(ids_S.astype(jnp.int32), (0, S2 - S), constant_values=-1)
         self.targets = jnp.pad(targets_N.astype(jnp.int32), (0, N2 - N), constant_values=-1)
 
-    def rows(self) -> pl.BlockSpec:
-        return pl.BlockSpec((self.n_rows,), lambda i: (i,))
+    def row_vector(self, x_N) -> jax.Array:
+        """x (N,) padded to (N',) float32."""
+        return jnp.pad(x_N.astype(jnp.float32), (0, self.h.shape[0] - x_N.shape[0]))
 
-    def call(self, kernel, name: str, inputs, out_specs, out_shape, touched: int):
-        """pallas_call over the row blocks: `inputs` (each a block of rows) then W, bias and ids whole."""
-        refuse_where_unable("softmax_kernel", self.h)
-        flops = 2 * self.h.shape[0] * self.W.shape[0] * self.h.shape[1]
+    def call(self, kernel, name: str, rows, out_shape, touched: int):
+        """Triton: pallas_call over the row blocks of h and `rows` (each (N',)), W, bias and ids
+        whole, the outputs `out_shape` whole (or, for one of (N',), its row blocks)."""
+        refuse_where_unable("softmax_kernel", self.h, on_tpu=True)
+        block = pl.BlockSpec((self.n_rows,), lambda i: (i,))
         return pl.pallas_call(
             functools.partial(kernel, n_columns=self.n_columns, dtype=self.dtype),
             out_shape=out_shape,
             grid=(self.h.shape[0] // self.n_rows,),
+            in_specs=[pl.BlockSpec((self.n_rows, self.h.shape[1]), lambda i: (i, 0)), *[block] * len(rows)]
+            + [pl.no_block_spec] * 3,
+            out_specs=block if isinstance(out_shape, jax.ShapeDtypeStruct) else (pl.no_block_spec,) * len(out_shape),
+            interpret=backend() == "cpu",
+            name=name,
+            metadata=metadata(touched, self.flops()),
+        )(self.h, *rows, self.W, self.bias, self.ids)
+
+    def tiled_call(self, kernel, name: str, rows, out_shape, out_specs, semantics, scratch=()):
+        """Mosaic: pallas_call over (row blocks, candidate tiles) of h, `rows` (each (N', 1)), W,
+        bias and ids ((1, S')); W's tiles, bias and ids fetched once per row block."""
+        refuse_where_unable("softmax_kernel", self.h, on_tpu=True)
+        n, m = self.n_rows, self.n_columns
+        column = pl.BlockSpec((1, m), lambda i, j: (0, j))
+        touched = nbytes(self.h, *rows, *jax.tree.leaves(out_shape)) + self.h.shape[0] // n * nbytes(
+            self.W, self.bias, self.ids
+        )
+        return pl.pallas_call(
+            functools.partial(kernel, dtype=self.dtype),
+            out_shape=out_shape,
+            grid=(self.h.shape[0] // n, self.W.shape[0] // m),
             in_specs=[
-                pl.BlockSpec((self.n_rows, self.h.shape[1]), lambda i: (i, 0)),
-                *[self.rows()] * (len(inputs) - 1),
-                *[pl.no_block_spec] * 3,
+                pl.BlockSpec((n, self.h.shape[1]), lambda i, j: (i, 0)),
+                *[pl.BlockSpec((n, 1), lambda i, j: (i, 0))] * len(rows),
+                pl.BlockSpec((m, self.W.shape[1]), lambda i, j: (j, 0)),
+                column,
+                column,
             ],
             out_specs=out_specs,
             interpret=backend() == "cpu",
             name=name,
-            metadata=metadata(touched, flops),
-        )(*inputs, self.W, self.bias, self.ids)
+            compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT),
+            scratch_shapes=scratch,
+            metadata=metadata(touched, self.flops()),
+        )(self.h, *rows, self.W, self.bias[None, :], self.ids[None, :])
+
+    def flops(self) -> int:
+        """The logits' product."""
+        return 2 * self.h.shape[0] * self.W.shape[0] * self.h.shape[1]
 
 
 def _lse(h_NP, W_SP, bias_S, ids_S, targets_N, dtype: str, block: Block) -> jax.Array:
     """The log-sum-exp (N,) float32 of each row's logits (`_lse_kernel`)."""
     ops = _Operands(h_NP, W_SP, bias_S, ids_S, targets_N, dtype, block)
-    out_shape = like(ops.h, ops.targets.shape, jnp.float32)
+    N, N2 = h_NP.shape[0], ops.h.shape[0]
+    if tiled():
+        rows = pl.BlockSpec((ops.n_rows, 1), lambda i, j: (i, 0))
+        scratch = [pltpu.VMEM((ops.n_rows, 1), jnp.float32)] * 2
+        out_shape = like(ops.h, (N2, 1), jnp.float32)
+        lse = ops.tiled_call(
+            _tiled_lse_kernel, LSE, (ops.targets[:, None],), out_shape, rows, ("parallel", "arbitrary"), scratch
+        )
+        return lse[:N, 0]
+    out_shape = like(ops.h, (N2,), jnp.float32)
     touched = nbytes(ops.h, ops.targets, ops.W, ops.bias, ops.ids, out_shape)
-    return ops.call(_lse_kernel, LSE, (ops.h, ops.targets), ops.rows(), out_shape, touched)[: h_NP.shape[0]]
+    return ops.call(_lse_kernel, LSE, (ops.targets,), out_shape, touched)[:N]
 
 
 def _gradient(h_NP, W_SP, bias_S, ids_S, targets_N, lse_N, g_N, dtype: str, block: Block):
     """The logits' gradient (N, S) in `dtype` and its float32 sum over rows (S,) (`_gradient_kernel`)."""
     ops = _Operands(h_NP, W_SP, bias_S, ids_S, targets_N, dtype, block)
     N, S, (N2, S2) = h_NP.shape[0], W_SP.shape[0], (ops.h.shape[0], ops.W.shape[0])
-    lse, g = jnp.pad(lse_N, (0, N2 - N)), jnp.pad(g_N.astype(jnp.float32), (0, N2 - N))
+    lse, g = ops.row_vector(lse_N), ops.row_vector(g_N)
+    if tiled():
+        n, m = ops.n_rows, ops.n_columns
+        out_shape = (like(ops.h, (N2, S2), dtype), like(ops.h, (N2 // n, 1, S2), jnp.float32))
+        out_specs = (pl.BlockSpec((n, m), lambda i, j: (i, j)), pl.BlockSpec((1, 1, m), lambda i, j: (i, 0, j)))
+        rows = (ops.targets[:, None], lse[:, None], g[:, None])
+        d, sums = ops.tiled_call(_tiled_gradient_kernel, GRADIENT, rows, out_shape, out_specs, ("parallel",) * 2)
+        return d[:N, :S], sums.sum(axis=(0, 1))[:S]
     out_shape = (like(ops.h, (N2, S2), dtype), like(ops.h, (N2 // ops.n_rows, S2), jnp.float32))
     touched = nbytes(ops.h, ops.targets, lse, g, ops.W, ops.bias, ops.ids, *out_shape)
-    d, sums = ops.call(
-        _gradient_kernel, GRADIENT, (ops.h, ops.targets, lse, g), (pl.no_block_spec,) * 2, out_shape, touched
-    )
+    d, sums = ops.call(_gradient_kernel, GRADIENT, (ops.targets, lse, g), out_shape, touched)
     return d[:N, :S], sums.sum(axis=0)[:S]
 
 
@@ -192,6 +283,8 @@ def chosen_block(P: int, dtype: str) -> Block:
     """(rows, candidates) of a tile for P-wide rows in `dtype`: on a GPU the first of BLOCKS at
     which both kernels compile for the device the model is traced for (Triton stages the
     operands in its shared memory), elsewhere the largest. A UserError where none fits."""
+    if tiled():
+        return TILED_BLOCK
     if not _compiled_by_triton():
         return BLOCKS[0]
     for block in BLOCKS:
