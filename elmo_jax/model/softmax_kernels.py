@@ -11,11 +11,15 @@ log-sum-exp and again for its gradient.
   (h's and W's gradients, as `matmul._narrow_matmul` computes them), with its float32 sum over
   each block's rows (the bias's gradient, summed by XLA).
 
-On GPUs they lower to Triton, block sizes chosen by compiling each alone for the device the
-model is traced for (`chosen_block`, as char_kernels does); on a CPU (the tests) Pallas
-interprets them, to the numbers of XLA's path (`softmax.sampled_softmax_ce`). Each declares the
-bytes it moves (each operand once: a block of rows reads all candidates' rows, which the blocks
-running side by side share in L2) and its product's FLOPs (`kernel_calls.metadata`).
+On GPUs they lower to Triton (a program per block of rows, looping over the candidates' tiles),
+block sizes chosen by compiling each alone for the device the model is traced for
+(`chosen_block`, as char_kernels does); on TPUs their tiled variants (`tiled()`: a grid over
+blocks of rows and tiles of candidates, operands in VMEM blocks) to Mosaic; on a CPU (the
+tests, both variants) Pallas interprets them, to the numbers of XLA's path
+(`softmax.sampled_softmax_ce`). Each declares its product's FLOPs and the bytes it moves
+(`kernel_calls.metadata`): on a GPU each operand once (the blocks of rows running side by side
+share the candidates' rows in L2), on a TPU the blocks the pipeline fetches (the candidates'
+rows once per block of rows).
 """
 
 from __future__ import annotations
