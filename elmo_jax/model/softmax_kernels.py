@@ -44,6 +44,7 @@ Block = tuple[int, int]  # (rows, candidates) of a tile
 BLOCKS = ((64, 128), (64, 64), (32, 64), (32, 32), (16, 32), (16, 16))
 # A TPU tile (`tiled()`): its blocks, double-buffered, and its float32 logits take a few MB of VMEM.
 TILED_BLOCK, VMEM_LIMIT = (512, 512), 48 << 20
+LANES = 128  # a TPU's (8, 128) tiles: a column (N, 1) of positions' values (targets, lse, g) is N x 128 wide there
 LSE, GRADIENT = "sampled_softmax_lse", "sampled_softmax_gradient"
 
 
@@ -135,6 +136,11 @@ def tiled() -> bool:
     return backend() == "tpu"
 
 
+def _tiled_bytes(x) -> int:
+    """The bytes of x in a TPU's device memory: a column (N, 1) takes a row of LANES for each value."""
+    return nbytes(x) * (LANES if x.shape[-1] == 1 else 1)
+
+
 def _padded(n: int, block: int) -> int:
     """n rounded up to whole blocks."""
     return -(-n // block) * block
@@ -187,9 +193,8 @@ class _Operands:
         refuse_where_unable("softmax_kernel", self.h, on_tpu=True)
         n, m = self.n_rows, self.n_columns
         column = pl.BlockSpec((1, m), lambda i, j: (0, j))
-        touched = nbytes(self.h, *rows, *jax.tree.leaves(out_shape)) + self.h.shape[0] // n * nbytes(
-            self.W, self.bias, self.ids
-        )
+        arrays = (self.h, *rows, *jax.tree.leaves(out_shape))
+        touched = sum(map(_tiled_bytes, arrays)) + self.h.shape[0] // n * nbytes(self.W, self.bias, self.ids)
         return pl.pallas_call(
             functools.partial(kernel, dtype=self.dtype),
             out_shape=out_shape,
