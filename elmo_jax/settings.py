@@ -99,8 +99,9 @@ class ComputeSettings:
     softmax_kernel: str = setting(
         "auto",
         one_of(SOFTMAX_KERNELS),
-        "the training step's sampled softmax: xla (the candidates' logits in device memory) or pallas (our Triton "
-        "kernels: only their log-sum-exp and gradient; GPUs only); auto: pallas on GPUs where they compile, else xla",
+        "the training step's sampled softmax: xla (the candidates' logits in device memory) or pallas (our kernels, "
+        "Triton on GPUs, Mosaic on TPUs: only their log-sum-exp and gradient); auto: pallas on TPUs and on GPUs "
+        "where they compile, else xla",
     )
     scan_unroll: int = setting(1, count(1), "unroll of the LSTM time loop (the same numbers either way)")
 

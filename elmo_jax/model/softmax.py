@@ -87,8 +87,7 @@ def sampled_softmax_ce(
     true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N] - log_q_targets_N
     W_SP, bias_S = W_VP[candidate_ids_S], b_V[candidate_ids_S] - log_q_candidates_S
     if kernel == "pallas":
-        P = h_NP.shape[-1]
-        block = softmax_kernels.chosen_block(P, dtype)
+        block = softmax_kernels.chosen_block(h_NP.shape[-1], dtype)
         lse = softmax_kernels.sampled_logsumexp(h_NP, W_SP, bias_S, candidate_ids_S, targets_N, dtype, block)
         return jnp.logaddexp(true_logit, lse) - true_logit
     sampled = matmul(h_NP, W_SP.T, dtype) + bias_S
