@@ -184,3 +184,19 @@ def test_the_softmax_kernels_lower_for_a_tpu_and_declare_their_bytes():
     with tracing_for("tpu"):
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(h, W, b).lower(lowering_platforms=("tpu",)).as_text()
     assert text.count("tpu_custom_call") == 2 and text.count(BYTES_KEY) == 2 and text.count(FLOPS_KEY) == 2
+
+
+def test_auto_takes_our_kernels_on_accelerators_and_xla_on_cpus():
+    """softmax_kernel='auto': XLA's path on a CPU, ours traced for a TPU or a GPU (where they
+    compile: here no GPU is there to refuse them); a named choice is kept."""
+    from types import SimpleNamespace
+
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.softmax import kernel
+
+    config = SimpleNamespace(softmax_kernel="auto", compute_dtype="bfloat16", lstm=SimpleNamespace(projection_dim=16))
+    assert kernel(config) == "xla"
+    for platform in ("tpu", "gpu"):
+        with tracing_for(platform):
+            assert kernel(config) == "pallas"
+            assert kernel(SimpleNamespace(softmax_kernel="xla")) == "xla"
