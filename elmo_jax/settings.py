@@ -28,6 +28,8 @@ LSTM_SCHEDULES = ("auto", "wavefront", "layers")
 LSTM_CELLS = ("auto", "xla", "pallas", "fused")
 # The char CNN's convolutions and max over positions: XLA's, or our Pallas kernels (elmo_jax/model/char_kernels.py).
 CHAR_CONVS = ("auto", "xla", "pallas")
+# The sampled softmax's logits: XLA's (in device memory), or our Pallas kernels (elmo_jax/model/softmax_kernels.py).
+SOFTMAX_KERNELS = ("auto", "xla", "pallas")
 # The backward LM's order of sentences in training (elmo_jax/text/batcher.py).
 BACKWARD_ORDERS = ("independent", "shared")
 # How the learning rate follows the global batch (docs/TRAINING.md, "Batch size and learning rate"):
@@ -93,6 +95,13 @@ class ComputeSettings:
         one_of(CHAR_CONVS),
         "the training step's char CNN convolutions and max over positions: xla (one matmul, its result in device "
         "memory) or pallas (our Triton kernels: the result stays on chip; GPUs only); auto: pallas on GPUs, else xla",
+    )
+    softmax_kernel: str = setting(
+        "auto",
+        one_of(SOFTMAX_KERNELS),
+        "the training step's sampled softmax: xla (the candidates' logits in device memory) or pallas (our kernels, "
+        "Triton on GPUs, Mosaic on TPUs: only their log-sum-exp and gradient); auto: pallas on TPUs and on GPUs "
+        "where they compile, else xla",
     )
     scan_unroll: int = setting(1, count(1), "unroll of the LSTM time loop (the same numbers either way)")
 

@@ -1,7 +1,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from elmo_jax.model import softmax_kernels
 from elmo_jax.model.softmax import (
     full_softmax_ce,
     log_uniform_log_probs,
@@ -122,3 +124,79 @@ def test_top_k_without_a_full_sort_equals_lax_top_k():
                 selected = jax.jit(lambda v: top_k_indices(v, k))(x)  # noqa: B023
                 assert "top_k" not in str(jax.make_jaxpr(lambda v: top_k_indices(v, k))(x))  # noqa: B023
             np.testing.assert_array_equal(selected, jax.lax.top_k(x, k)[1], err_msg=f"{name}, k={k}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tiled", [False, True], ids=["triton", "mosaic"])
+@pytest.mark.parametrize("block", [(64, 128), (16, 16)])
+def test_pallas_sampled_softmax_equals_xla_with_its_gradients(dtype, tiled, block, monkeypatch):
+    """Our kernels (interpreted here; GPU and TPU variants) give XLA's path's loss and gradients
+    (h, the table's rows through the candidates' gather, its biases), in float32 and bfloat16,
+    with accidental hits, a row whose every candidate is its target, and sizes that fill neither
+    a block of rows nor a tile of candidates (at (16, 16): several of each)."""
+    monkeypatch.setattr(softmax_kernels, "BLOCKS", (block,))
+    monkeypatch.setattr(softmax_kernels, "TILED_BLOCK", block)
+    monkeypatch.setattr(softmax_kernels, "tiled", lambda: tiled)
+    rng = np.random.default_rng(5)
+    N, S, P, V = 37, 50, 24, 80
+    h = jnp.asarray(rng.normal(size=(N, P)), jnp.float32)
+    W = jnp.asarray(rng.normal(size=(V, P)) * 0.3, jnp.float32)
+    b = jnp.asarray(rng.normal(size=V), jnp.float32)
+    candidates = np.asarray(rng.permutation(V)[:S])
+    candidates[-4:] = candidates[0]  # repeated: row 0's target is 5 of its candidates
+    candidates = jnp.asarray(candidates)
+    targets = jnp.asarray(rng.integers(V, size=N)).at[:6].set(candidates[:6])  # accidental hits
+    log_q_candidates = jnp.asarray(rng.normal(size=S), jnp.float32)
+    log_q_targets = jnp.asarray(rng.normal(size=N), jnp.float32)
+    weights = jnp.asarray(rng.normal(size=N), jnp.float32)
+
+    def loss(h, W, b, kernel):
+        ce = sampled_softmax_ce(h, targets, W, b, candidates, log_q_candidates, log_q_targets, dtype, kernel)
+        return jnp.sum(ce * weights)
+
+    want, want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(h, W, b, "xla")
+    got, got_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(h, W, b, "pallas")
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for name, g, w in zip(("h", "W", "b"), got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * float(jnp.abs(w).max()), err_msg=name)
+    # Every candidate the target: the row's log-sum-exp is -inf, its loss 0, its gradients 0.
+    one = jnp.full((3,), candidates[0])
+    lse, vjp = jax.vjp(
+        lambda h: sampled_softmax_ce(h, targets, W, b, one, jnp.zeros(3), log_q_targets, dtype, "pallas"), h
+    )
+    assert lse[0] == 0 and np.all(np.isfinite(np.asarray(vjp(jnp.ones(N))[0])))
+    assert np.all(np.asarray(vjp(jnp.ones(N))[0])[0] == 0)
+
+
+def test_the_softmax_kernels_lower_for_a_tpu_and_declare_their_bytes():
+    """Traced for a TPU, `softmax_kernel='pallas'` lowers to Mosaic kernels (the tiled variants),
+    each declaring its bytes and FLOPs to `elmo-jax plan`."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.kernel_calls import BYTES_KEY, FLOPS_KEY
+
+    N, S, P = 40, 300, 128
+    h, W, b = jnp.zeros((N, P)), jnp.zeros((S, P)), jnp.zeros(S)
+    ids, targets = jnp.arange(S), jnp.zeros(N, jnp.int32)
+
+    def loss(h, W, b):
+        return sampled_softmax_ce(h, targets, W, b, ids, jnp.zeros(S), jnp.zeros(N), "bfloat16", "pallas").sum()
+
+    with tracing_for("tpu"):
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(h, W, b).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 2 and text.count(BYTES_KEY) == 2 and text.count(FLOPS_KEY) == 2
+
+
+def test_auto_takes_our_kernels_on_accelerators_and_xla_on_cpus():
+    """softmax_kernel='auto': XLA's path on a CPU, ours traced for a TPU or a GPU (where they
+    compile: here no GPU is there to refuse them); a named choice is kept."""
+    from types import SimpleNamespace
+
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.softmax import kernel
+
+    config = SimpleNamespace(softmax_kernel="auto", compute_dtype="bfloat16", lstm=SimpleNamespace(projection_dim=16))
+    assert kernel(config) == "xla"
+    for platform in ("tpu", "gpu"):
+        with tracing_for(platform):
+            assert kernel(config) == "pallas"
+            assert kernel(SimpleNamespace(softmax_kernel="xla")) == "xla"

@@ -17,9 +17,23 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from elmo_jax.model import softmax_kernels
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
 from elmo_jax.model.top_k import top_k_indices
+
+
+def kernel(config) -> str:
+    """ "xla" or "pallas": the training step's sampled softmax, config.softmax_kernel with "auto"
+    resolved for the backend the model is traced for (ours on TPUs and on GPUs where both
+    kernels compile for its P-wide rows, else XLA's)."""
+    if config.softmax_kernel != "auto":
+        return config.softmax_kernel
+    if backend() == "tpu":
+        return "pallas"
+    if backend() != "gpu":
+        return "xla"
+    return "xla" if softmax_kernels.unfit(config.lstm.projection_dim, config.compute_dtype) else "pallas"
 
 
 def log_uniform_log_probs(vocab_size: int) -> jax.Array:
@@ -60,15 +74,23 @@ def sampled_softmax_ce(
     log_q_candidates_S: jax.Array,
     log_q_targets_N: jax.Array,
     dtype: str = "float32",
+    kernel: str = "xla",
 ) -> jax.Array:
     """Per-position cross entropy (N,) of the true class against the sampled ones; the
     candidates' logits are a matmul in `dtype`, the log-sum-exp is float32.
 
     Logits are corrected by -log Q; a candidate equal to the position's target (an accidental
     hit) is removed. The ids index rows of W and b (a whole table or the rows a step uses).
+    `kernel`: "xla" (the logits (N, S) in device memory) or "pallas" (ours: only their
+    log-sum-exp, `softmax_kernels`), the same numbers.
     """
     true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N] - log_q_targets_N
-    sampled = matmul(h_NP, W_VP[candidate_ids_S].T, dtype) + b_V[candidate_ids_S] - log_q_candidates_S
+    W_SP, bias_S = W_VP[candidate_ids_S], b_V[candidate_ids_S] - log_q_candidates_S
+    if kernel == "pallas":
+        block = softmax_kernels.chosen_block(h_NP.shape[-1], dtype)
+        lse = softmax_kernels.sampled_logsumexp(h_NP, W_SP, bias_S, candidate_ids_S, targets_N, dtype, block)
+        return jnp.logaddexp(true_logit, lse) - true_logit
+    sampled = matmul(h_NP, W_SP.T, dtype) + bias_S
     sampled = jnp.where(candidate_ids_S[None, :] == targets_N[:, None], -jnp.inf, sampled)
     # One pass over the logits on accelerators; XLA on CPU runs a reduction with its own
     # combiner element by element, several times slower than its two vectorised passes.

@@ -33,6 +33,7 @@ from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.dropout import dropout_keep_masks
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
+from elmo_jax.model.softmax import kernel as softmax_kernel
 from elmo_jax.model.token_encoder import conv, encode_tokens, resolved
 from elmo_jax.settings import TrainSettings
 from elmo_jax.text.batcher import Batch
@@ -152,6 +153,7 @@ def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, voca
         used["log_q_candidates"][d],
         used["log_q_targets"][d].reshape(-1),
         config.compute_dtype,
+        softmax_kernel(config),
     )
 
 
