@@ -27,6 +27,8 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -347,9 +349,12 @@ def _compile_alone(block: Block, P: int, dtype: str, on, precision) -> str | Non
         operand((n_rows,), i32),
         operand((n_rows,), f32),
     )
-    calls = {
-        LSE: (lambda *a: _lse(*a, dtype, block), (h, W, bias, ids, targets)),
-        GRADIENT: (lambda *a: _gradient(*a, dtype, block), (h, W, bias, ids, targets, rows, rows)),
+    calls: dict[str, tuple[Callable[..., Any], tuple]] = {
+        LSE: (lambda h, W, b, ids, t: _lse(h, W, b, ids, t, dtype, block), (h, W, bias, ids, targets)),
+        GRADIENT: (
+            lambda h, W, b, ids, t, lse, g: _gradient(h, W, b, ids, t, lse, g, dtype, block),
+            (h, W, bias, ids, targets, rows, rows),
+        ),
     }
     for name, (call, operands) in calls.items():
         call.__name__ = name  # in the compile log
