@@ -294,18 +294,19 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
     and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
     state and every gradient equal the XLA cell's, with masked steps, a carried state, with both
     clips firing, dropout and the residual, and with none of them, and blocks of one row (B = 3).
-    In float32 the matmuls that contract over the cell (the projection, the gates' transposed
-    product) run as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks
-    as wide), which the kernels add; in bfloat16, whose products this CPU rounds, one each, as
-    the XLA cell's (blocks of a whole cell). The same with the gates' matmul in the forward's
-    kernel ("fused"), which multiplies its block of rows by W 8 bytes of a row at a time (of
-    [inputs; h]'s Q = 8 here: 4 or 2 partial products added in float32, as a GPU's matmul adds
-    its parts)."""
+    The matmuls that contract over the cell (the projection, the gates' transposed product) run
+    as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks as wide),
+    which the kernels add (in bfloat16, whose products this CPU rounds, added and rounded once,
+    as the XLA cell's). The same with the gates' matmul in the forward's kernel ("fused"), which
+    multiplies its block of rows by W 8 bytes of a row at a time (of [inputs; h]'s Q = 8 here: 4
+    or 2 partial products added in float32, as a GPU's matmul adds its parts), and its transpose
+    in the backward's, whose programs for each 8 bytes of Q's columns compute their block's
+    gradients again, the first of them writing the cell gradient that the others read."""
     from elmo_jax.model import cell_kernels
 
-    if dtype == "float32":
-        monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
+    monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
     monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH_BYTES", 8)
+    monkeypatch.setattr(cell_kernels, "_FUSED_BACK_Q_BYTES", 8)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)

@@ -225,7 +225,7 @@ def _backward_kernel(*, counter, d_a, d_c, c0, mask, acts, cells, d_gate_slots, 
 
 
 def _backward_gates_kernel(
-    W, acts, cells, _d_gate_slots, _d_c, c0, d_a, mask, counter, d_gate_slots, d_c, d_in_h, *, clip, rounded, n_rows,
+    W, acts, cells, _d_gate_slots, _d_c, c0, d_a, mask, counter, d_gate_slots, d_c, d_in_h, *, clip, n_rows,
     n_q, depth, B, D,
 ):  # fmt: skip
     # The slots and d_c come as inputs and as the outputs in their buffers (aliased): written there.
@@ -265,8 +265,6 @@ def _backward_gates_kernel(
         return total
 
     total = jax.lax.fori_loop(0, part_width // depth, columns_step, jnp.zeros((n_rows, n_q), jnp.float32))
-    if rounded:  # as the product's result where it comes back in the compute dtype (`rounds_results`)
-        total = total.astype(d_gate_slots.dtype).astype(jnp.float32)
     d_in_h[ld, j, b, q] = total
 
 
@@ -554,7 +552,7 @@ def backward_cell(
 
 
 def backward_cell_and_gates_product(
-    i, d_a_LDBC, d_c_2LDBC, W_LDJQGc, *, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, rounded: bool,
+    i, d_a_LDBC, d_c_2LDBC, W_LDJQGc, *, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG,
     clip: float | None,
 ):  # fmt: skip
     """`backward_cell` with the gates' transposed matmul in the kernel (`lstm_cell="fused"`):
@@ -564,8 +562,7 @@ def backward_cell_and_gates_product(
     gradient of its block of rows and of the cell's columns of its part (written to its slot
     once), and its product with its columns of W's transpose -> (the slots with slot s written,
     the gradient of [inputs; h] as J partial sums (L, D, J, B, Q) float32, which
-    `backward_output` adds (each rounded to the compute dtype where `rounded`, as XLA's products
-    on CPU in bfloat16 come back), the cell
+    `backward_output` adds, the cell
     gradients with the one carried to step s - 1 written). Other arguments as `backward_cell`'s.
 
     Bytes declared: W once, and each block's operands of the cell once though the programs
@@ -592,9 +589,7 @@ def backward_cell_and_gates_product(
     )  # fmt: skip
     operands = (W, acts, cells, d_gate_slots, d_c, c0_LDBC.reshape(R, C), d_a, mask_LBS)
     counter = jnp.reshape(i, (1,)).astype(jnp.int32)
-    kernel = functools.partial(
-        _backward_gates_kernel, clip=clip, rounded=rounded, n_rows=n_rows, n_q=n_q, depth=depth, B=B, D=D
-    )
+    kernel = functools.partial(_backward_gates_kernel, clip=clip, n_rows=n_rows, n_q=n_q, depth=depth, B=B, D=D)
     d_gate_slots, d_c, d_in_h = pl.pallas_call(
         kernel,
         out_shape=(like(d_gates_LDBSG, d_gate_slots.shape), like(d_c_2LDBC, d_c.shape), d_in_h),

@@ -374,7 +374,7 @@ def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT
     (`cell_kernels`)."""
     L, D, B, T, P = W_0.shape[0], *x_DBTP.shape
     C = W_proj.shape[2]
-    own_cell = L > 1 and st.cell in ("pallas", "fused")
+    own_cell = _own_cell(L, st)
     wave = _wave(x_DBTP, mask_BT, keep, L, st)
     S = wave.mask_LBS.shape[2]
     # With our kernels, the cell's columns in J parts, so that the gates' transposed product is J
@@ -400,6 +400,12 @@ def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT
         slots.c, slots.a,
     )  # fmt: skip
     return (_unskew(out_LDBSP, T, axis=3), h, c), saved
+
+
+def _own_cell(L: int, st: Stack) -> bool:
+    """Whether the training step's cell runs as our kernels: several layers and `st.cell`
+    "pallas" or "fused" (both passes decide by this)."""
+    return L > 1 and st.cell in ("pallas", "fused")
 
 
 def _joined(x: jax.Array) -> jax.Array:
@@ -519,10 +525,12 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         both in one kernel (`st.cell` "fused"; the cell gradient in 2 buffers, `d_c`)."""
         kept = dict(c0_LDBC=saved.c0, mask_LBS=ran_LBS, acts_LDBSG=saved.acts_LDBSG, c_LDBSC=saved.c_LDBSC)
         if st.cell == "fused":
-            return backward_cell_and_gates_product(
-                i, d_a, d_c, saved.W_loop, **kept, d_gates_LDBSG=slots.d_gates, rounded=rounds_results(st.dtype),
-                clip=st.clips.cell,
-            )  # fmt: skip
+            d_gate_slots, d_in_h, d_c = backward_cell_and_gates_product(
+                i, d_a, d_c, saved.W_loop, **kept, d_gates_LDBSG=slots.d_gates, clip=st.clips.cell
+            )
+            if rounds_results(st.dtype):  # the J parts added, rounded once, as the XLA cell's product (XLA on CPU)
+                d_in_h = widened(narrow(jnp.sum(d_in_h, axis=2, keepdims=True), st.dtype))
+            return d_gate_slots, d_in_h, d_c
         d_gate_slots, d_gates, d_c = backward_cell(
             i, d_a, d_c, **kept, d_gates_LDBSG=slots.d_gates, J=J, clip=st.clips.cell
         )
@@ -556,7 +564,7 @@ def _wavefront_bwd(st: Stack, saved: _Saved, cotangents):
     L, D, B, S, P = saved.in_LDBSP.shape
     T = S - L + 1
     d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
-    own_cell = L > 1 and st.cell in ("pallas", "fused")  # as the forward's (`_wave_train`)
+    own_cell = _own_cell(L, st)
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
     # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
     # W_0's (a column of ones beside its inputs): d_gates are read once.
