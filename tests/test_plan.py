@@ -11,6 +11,7 @@ import re
 import pytest
 from cli import run_cli
 
+from elmo_jax.model import softmax_kernels
 from elmo_jax.plan import hlo
 from elmo_jax.plan.kernels import Program, bitonic_passes, type_bytes
 from elmo_jax.plan.program import largest_batch
@@ -742,9 +743,10 @@ TPUS = [name for name in sorted(TARGETS) if TARGETS[name].platform == "tpu"]
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", TPUS)
 def test_the_published_models_default_train_step_compiles_for_every_tpu(tmp_path, name, dtype):
-    """elmo_original's step with every default for a TPU (char_conv auto: our char CNN kernels'
-    TPU variants, which Mosaic compiles; XLA's LSTM cell), at 32 rows per device and a small
-    vocabulary: the three kernels are in the program, each counted as the bytes it declares."""
+    """elmo_original's step with every default for a TPU (char_conv and softmax_kernel auto: our
+    char CNN's and sampled softmax's kernels' TPU variants, which Mosaic compiles; XLA's LSTM
+    cell), at 32 rows per device and a small vocabulary: the char CNN's three kernels and the
+    softmax's two a direction are in the program, each counted as the bytes and FLOPs it declares."""
     _need_plugin(tpu=True)
     program = tmp_path / "step.hlo"
     args = ["plan", "--config=elmo_original", f"--target={name}", "--vocab_size=10000", "--nofit"]
@@ -752,15 +754,45 @@ def test_the_published_models_default_train_step_compiles_for_every_tpu(tmp_path
     result = run_cli(args, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (plan["lstm_cell"], plan["char_conv"]) == ("xla", "pallas")
+    assert (plan["lstm_cell"], plan["char_conv"], plan["softmax_kernel"]) == ("xla", "pallas", "pallas")
+    assert set(plan["never_run"]) == {*plan["char_blocks"], softmax_kernels.LSE, softmax_kernels.GRADIENT}
     kernels = [k for k in Program(program.read_text(), "tpu").kernels() if k.kind == "pallas"]
-    assert sorted(k.source.split("/")[-2] for k in kernels) == sorted(plan["char_blocks"])
-    assert all(k.part == "token_encoder" and k.bytes > 0 and k.flops > 0 for k in kernels)
+    by_part = {
+        part: sorted(k.source.split("/")[-2] for k in kernels if k.part == part) for part in {k.part for k in kernels}
+    }
+    assert by_part == {
+        "token_encoder": sorted(plan["char_blocks"]),
+        "softmax": sorted([softmax_kernels.LSE, softmax_kernels.GRADIENT] * 2),
+    }
+    assert all(k.bytes > 0 and k.flops > 0 for k in kernels)
 
 
 # The published char CNN (experiments/elmo_original.py): 7 filters up to width 7 over 16-wide
 # character embeddings (112-wide windows), 2,048 filters, 50 characters.
 PUBLISHED_CHAR_CNN = (50, 128, 2048)  # W, K, F as the kernels see them
+
+
+def test_the_softmax_kernels_on_a_gpu_need_rows_a_power_of_two_wide(caplog):
+    """Triton's blocks span powers of two: rows (projection_dim) 96 wide get XLA's sampled
+    softmax under auto, said once, and a refusal naming the width where the kernels are named."""
+    _need_plugin()
+    import logging
+    from types import SimpleNamespace
+
+    from elmo_jax.errors import UserError
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.softmax import kernel
+    from elmo_jax.plan.program import abstract_devices
+
+    def config(P):
+        return SimpleNamespace(softmax_kernel="auto", compute_dtype="bfloat16", lstm=SimpleNamespace(projection_dim=P))
+
+    with tracing_for("gpu", abstract_devices(TARGETS["h200"], 1)[0]), caplog.at_level(logging.WARNING):
+        assert kernel(config(64)) == "pallas"
+        assert kernel(config(96)) == "xla"
+        with pytest.raises(UserError, match="softmax_kernel='pallas': .*rows are 96 wide"):
+            softmax_kernels.chosen_block(96, "bfloat16")
+    assert "rows are 96 wide" in caplog.text
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -298,16 +298,20 @@ def chosen_block(P: int, dtype: str) -> Block:
         return TILED_BLOCK
     if not _compiled_by_triton():
         return BLOCKS[0]
-    for block in BLOCKS:
-        if _refusal(block, P, dtype) is None:
-            return block
-    raise UserError(f"softmax_kernel='pallas': {unfit(P, dtype)}: use softmax_kernel='xla'")
+    reason = unfit(P, dtype)
+    if reason:
+        raise UserError(f"softmax_kernel='pallas': {reason}: use softmax_kernel='xla'")
+    return next(block for block in BLOCKS if _refusal(block, P, dtype) is None)
 
 
 def unfit(P: int, dtype: str) -> str | None:
     """Why the kernels cannot run for P-wide rows in `dtype` on the device the model is traced
     for (the compiler's words at the smallest block), or None where a block fits."""
-    if not _compiled_by_triton() or any(_refusal(block, P, dtype) is None for block in BLOCKS):
+    if not _compiled_by_triton():
+        return None
+    if P & (P - 1):
+        return f"Triton's blocks span whole powers of two, and the rows are {P} wide (projection_dim)"
+    if any(_refusal(block, P, dtype) is None for block in BLOCKS):
         return None
     return (
         f"the sampled softmax's kernels do not fit on {device().device_kind} at any block size ({P}-wide rows in "

@@ -39,6 +39,7 @@ class CompiledStep:
     lstm_cell: str = "xla"
     char_conv: str = "xla"
     char_blocks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # our char CNN's kernels
+    softmax_kernel: str = "xla"
 
     @property
     def needs_bytes(self) -> int:
@@ -105,6 +106,7 @@ def compile_train_step(
     from elmo_jax.experiment import model_config, train_settings
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.model.lstm import cell, schedule
+    from elmo_jax.model.softmax import kernel as softmax_kernel
     from elmo_jax.model.token_encoder import conv, kernel_blocks
     from elmo_jax.text.batcher import round_up
     from elmo_jax.train.parallel import DataParallel
@@ -133,6 +135,7 @@ def compile_train_step(
         seconds = time.perf_counter() - start
         lstm_schedule, lstm_cell, char_conv = schedule(model), cell(model), conv(model)
         char_blocks = kernel_blocks(model) if char_conv == "pallas" else {}
+        softmax = softmax_kernel(model)
     return CompiledStep(
         compiled.as_text(),
         memory_of(compiled),
@@ -144,6 +147,7 @@ def compile_train_step(
         lstm_cell,
         char_conv,
         char_blocks,
+        softmax,
     )
 
 
@@ -168,7 +172,8 @@ def compile_within_memory(lowered, target: Target, per_device_batch: int):
             raise UserError(
                 f"the program does not compile for {target.name} at any batch: one of its kernels asks for "
                 f"{int(shared[1]):,} bytes of shared memory, and a block of the GPU has {int(shared[2]):,} "
-                "(--config.train.lstm_cell=xla and --config.train.char_conv=xla leave out our Pallas kernels)"
+                "(--config.train.lstm_cell=xla, --config.train.char_conv=xla and --config.train.softmax_kernel=xla "
+                "leave out our Pallas kernels)"
             ) from None
         needed = re.search(r"required for HLO temporaries \(([\d.]+)G\)", str(e))
         needs_bytes = int(float(needed.group(1)) * 2**30) if needed else 0

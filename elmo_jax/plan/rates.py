@@ -158,7 +158,6 @@ def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None
     )
     worst = max(abs(r["error"]) for r in data["leave_one_out"])
     return {
-        "never_run": never_run(kernels),
         "step_s": predict(x, rates) + collectives_s,
         "rates_from": data["target"],
         "borrowed": data["target"] != target.name,

@@ -56,6 +56,8 @@ def estimate(step: CompiledStep, target: Target) -> dict:
         "lstm_cell": step.lstm_cell,
         "char_conv": step.char_conv,
         "char_blocks": step.char_blocks,
+        "softmax_kernel": step.softmax_kernel,
+        "never_run": rates.never_run(kernels),
         "compile_s": round(step.compile_s, 1),
         "kernels": {
             "per_step": sum(k.runs for k in kernels),
@@ -117,7 +119,7 @@ def describe(result: dict, target: Target) -> list[str]:
     lines = [
         f"{target.description} x {r['devices']}, {r['per_device_batch']} rows per device x {r['unroll_steps']} steps, "
         f"{r['lstm_schedule']} LSTM schedule{_LSTM_CELLS.get(r['lstm_cell'], '')}"
-        f"{_char_cnn(r)} "
+        f"{_char_cnn(r)}{', Pallas sampled softmax' if r.get('softmax_kernel') == 'pallas' else ''} "
         f"(compiled in {r['compile_s']:.0f} s, without the device)",
         f"kernels per step: {k['per_step']:,} ({k['outside_loops']} outside loops; loop iterations x kernels: {loops})",
         f"device memory: arguments {m['argument'] / GB:.2f} GB, temporaries {m['temp'] / GB:.2f} GB, outputs "
@@ -138,6 +140,7 @@ def describe(result: dict, target: Target) -> list[str]:
         f"{r['tokens_per_s']:,.0f} tokens/s, the paper's run ({PAPER_TOKENS:.3g} tokens) in {r['paper_hours']:.1f} "
         f"hours",
         *_expected_lines(r["expected"]),
+        *_never_run_lines(r["never_run"]),
         f"those hours: {r['devices']} device(s) at a global batch of {r['global_batch']:,} rows "
         f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.1f}x the paper's {RECIPE_GLOBAL_BATCH})",
         *large_batch_note(r["global_batch"]),
@@ -173,13 +176,20 @@ def _expected_lines(e: dict | None) -> list[str]:
             f"  {k['above_floor_s'] * 1e3:7.2f} {k['runs']:4d} {k['kind']:14s} {k['part']:12s} "
             f"{k['source'][-60:] or k['name']}"
         )
-    if e["never_run"]:
-        names = ", ".join(f"{name} ({'with' if flops else 'no'} matmuls)" for name, flops in e["never_run"].items())
-        lines.append(
-            f"never run on a device: {names}; their expected time borrows the rate of the Pallas class, fitted on "
-            f"our LSTM cell's kernels ({', '.join(rates.MEASURED_PALLAS)}), which have no matmuls"
-        )
     return lines
+
+
+def _never_run_lines(never_run: dict[str, float]) -> list[str]:
+    """Our kernels in the program that no device has run: checked only by the tests, interpreted
+    on a CPU; an expected time borrows the rate fitted on the measured ones."""
+    if not never_run:
+        return []
+    names = ", ".join(f"{name} ({'with' if flops else 'no'} matmuls)" for name, flops in never_run.items())
+    return [
+        f"never run on a device: {names}: their numbers are checked only interpreted on a CPU (the tests), and an "
+        f"expected time borrows the rate of the Pallas class, fitted on our LSTM cell's kernels "
+        f"({', '.join(rates.MEASURED_PALLAS)}), which have no matmuls"
+    ]
 
 
 def large_batch_note(global_batch: int) -> list[str]:
