@@ -140,8 +140,8 @@ class ModelConfig(ComputeSettings):
                 raise UserError(f"{source}: {name} {value!r} is not {allowed.allowed}")
         if self.lstm_cell in ("pallas", "fused") and (self.lstm_schedule != "wavefront" or self.lstm.n_layers < 2):
             raise UserError(
-                f"{source}: lstm_cell {self.lstm_cell!r} is the wavefront's: it needs lstm_schedule 'wavefront' and 2+ "
-                "layers"
+                f"{source}: lstm_cell {self.lstm_cell!r} runs in the wavefront schedule: it needs lstm_schedule "
+                "'wavefront', named ('auto' is 'layers' on CPUs), and 2+ layers"
             )
         if self.token_ids == "bytes":
             if self.char_cnn.n_characters != N_CHARACTERS:

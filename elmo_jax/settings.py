@@ -87,21 +87,23 @@ class ComputeSettings:
         one_of(LSTM_CELLS),
         "the wavefront's training cell: xla (XLA's fusions), pallas (our Triton kernels, two a step each way; "
         "GPUs only) or fused (pallas with the gates' matmul and its transpose inside the cell's kernels, the gates "
-        "and their gradient's operand kept off device memory; not yet timed on a GPU); auto: pallas on GPUs where "
-        "the schedule is the wavefront of 2+ layers, else xla",
+        "and their gradient's operand kept off device memory; never run on a GPU yet, tested interpreted on CPU); "
+        "naming pallas or fused needs lstm_schedule=wavefront; auto: pallas on GPUs where the schedule is the "
+        "wavefront of 2+ layers, else xla",
     )
     char_conv: str = setting(
         "auto",
         one_of(CHAR_CONVS),
         "the training step's char CNN convolutions and max over positions: xla (one matmul, its result in device "
-        "memory) or pallas (our Triton kernels: the result stays on chip; GPUs only); auto: pallas on GPUs, else xla",
+        "memory) or pallas (our kernels, Triton on GPUs, Mosaic on TPUs: the result stays on chip; never run on a "
+        "device yet, tested interpreted on CPU); auto: pallas on GPUs where they fit and on TPUs, else xla",
     )
     softmax_kernel: str = setting(
         "auto",
         one_of(SOFTMAX_KERNELS),
         "the training step's sampled softmax: xla (the candidates' logits in device memory) or pallas (our kernels, "
-        "Triton on GPUs, Mosaic on TPUs: only their log-sum-exp and gradient); auto: pallas on TPUs and on GPUs "
-        "where they compile, else xla",
+        "Triton on GPUs, Mosaic on TPUs: only their log-sum-exp and gradient; never run on a device yet, tested "
+        "interpreted on CPU); auto: pallas on TPUs and on GPUs where they compile, else xla",
     )
     scan_unroll: int = setting(1, count(1), "unroll of the LSTM time loop (the same numbers either way)")
 

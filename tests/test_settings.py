@@ -64,7 +64,9 @@ def test_the_pallas_cell_needs_the_wavefront_of_several_layers(text_data, ours):
     config = tiny_config(text_data)
     with config.unlocked():
         config.train.lstm_cell = ours
-    with pytest.raises(UserError, match=f"lstm_cell '{ours}' is the wavefront's"):
+    with pytest.raises(
+        UserError, match=f"lstm_cell '{ours}' runs in the wavefront schedule: it needs lstm_schedule 'wavefront', named"
+    ):
         validate(config)
     with config.unlocked():
         config.train.lstm_schedule = "wavefront"
