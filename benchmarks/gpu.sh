@@ -8,10 +8,12 @@
 #     softmax, sampler and optimizer, ops launched per step) and peak device memory, with the
 #     defaults (the wavefront schedule, our Pallas LSTM cell and char CNN, after the tests,
 #     run here on the GPU (Triton), that they compute what XLA's cell and char CNN do, to
-#     $OUT/pallas_tests.txt) beside the gates' matmul fused into our cell (lstm_cell=fused,
-#     never run on a device before: the first run settles it against today's default), XLA's
-#     cell and XLA's char CNN at 128 and 512 rows and a loop per layer (XLA's cell) at 128; the
-#     first run's trace and program are kept for reading offline;
+#     $OUT/pallas_tests.txt, the sampled softmax's kernels' too) beside the gates' matmul fused
+#     into our cell (lstm_cell=fused, never run on a device before: the first run settles it
+#     against today's default), XLA's sampled softmax (softmax_kernel=xla: the default's before
+#     2026-12-06, its kernels never run on a device either), XLA's cell and XLA's char CNN at 128
+#     and 512 rows and a loop per layer (XLA's cell) at 128; the first run's trace and program
+#     are kept for reading offline;
 #     then the other sizes, float32, and the embedding path (Embedder, 2,000 Zipfian sentences);
 #     one process per measurement, each result line appended to $OUT/throughput.jsonl and each
 #     full log kept in $OUT/logs.tgz (with the trace);
@@ -52,6 +54,7 @@ sized() {
       --per_device_batch=*) echo --per_device_batch=2 ;;
       --profile=*) echo --profile=1 ;;
       --steps=*) ;;
+      --lstm_cell=fused) echo --lstm_cell=xla ;;  # a CPU cannot run our kernels inside the data-parallel step
       *) echo "$arg" ;;
     esac
   done
@@ -73,17 +76,21 @@ run() {
 # (tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS says otherwise)
 {
   JAX_PLATFORMS=$platform timeout 240 $python -m pytest -q -p no:cacheprovider tests/test_lstm.py -k pallas 2>&1 | tail -3
+  JAX_PLATFORMS=$platform timeout 240 $python -m pytest -q -p no:cacheprovider tests/test_softmax.py \
+    -k pallas_sampled 2>&1 | tail -3
   JAX_PLATFORMS=$platform timeout 240 $python -m pytest -q -p no:cacheprovider tests/test_bilm.py \
     -k "pallas or many_blocks" 2>&1 | tail -3
 } | tee "$dir/pallas_tests.txt"
 grep -qE 'failed|error|no tests ran' "$dir/pallas_tests.txt" && echo "FAILED: the kernel tests" | tee -a "$dir/failures.txt"
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --trace_dir="$dir/trace_128"
-run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=fused
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=wavefront --lstm_cell=fused
+run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --softmax_kernel=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_cell=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --char_conv=xla
 run --config=original --per_device_batch=128 --dtype=bf16 --profile=3 --lstm_schedule=layers
 run --config=original --per_device_batch=512 --dtype=bf16 --profile=3
-run --config=original --per_device_batch=512 --dtype=bf16 --profile=3 --lstm_cell=fused
+run --config=original --per_device_batch=512 --dtype=bf16 --profile=3 --lstm_schedule=wavefront --lstm_cell=fused
+run --config=original --per_device_batch=512 --dtype=bf16 --softmax_kernel=xla
 run --config=original --per_device_batch=512 --dtype=bf16 --lstm_cell=xla
 run --config=original --per_device_batch=512 --dtype=bf16 --char_conv=xla
 run --config=original --per_device_batch=256 --dtype=bf16
@@ -136,15 +143,15 @@ fi
 $python - "$out" <<'EOF' | tee "$dir/estimate_vs_measured.txt"
 import json, sys
 
-print("config | dtype | rows | LSTM schedule | LSTM cell | char CNN | measured ms | floor ms | measured / floor | "
-      "expected ms | measured / expected")
+print("config | dtype | rows | LSTM schedule | LSTM cell | char CNN | softmax | measured ms | floor ms | "
+      "measured / floor | expected ms | measured / expected")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     e = r.get("estimate")
     if r["mode"] == "train" and e:
         print(
             f"{r['config']} | {r['dtype']} | {r['per_device_batch']} | {r['lstm_schedule']} | {r.get('lstm_cell', 'xla')} | "
-            f"{r.get('char_conv', 'xla')} | "
+            f"{r.get('char_conv', 'xla')} | {r.get('softmax_kernel', 'xla')} | "
             f"{1000 * r['step_time_s']:.1f} | {1000 * e['step_s']:.1f} | {e['measured_over_estimate']:.2f} | "
             f"{1000 * (e.get('expected_step_s') or float('nan')):.1f} | {e.get('measured_over_expected') or float('nan'):.2f}"
         )

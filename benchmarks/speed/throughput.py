@@ -1,8 +1,8 @@
 """Train-step or embedding throughput of a named config on one device.
 
     python -m benchmarks.speed.throughput --config=original --per_device_batch=128 [--dtype=bf16|f32]
-        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=auto|xla|pallas]
-        [--char_conv=auto|xla|pallas] [--profile=STEPS]
+        [--mode=train|embed] [--lstm_schedule=auto|wavefront|layers] [--lstm_cell=auto|xla|pallas|fused]
+        [--char_conv=auto|xla|pallas] [--softmax_kernel=auto|xla|pallas] [--profile=STEPS]
         [--trace_dir=DIR]
 
 `--mode=train` builds the real train step (sampled softmax, Adagrad, carried state) for a published
@@ -50,6 +50,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.host_memory import keep_freed_memory
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.lstm import cell, schedule
+from elmo_jax.model.softmax import kernel as softmax_kernel
 from elmo_jax.model.token_encoder import conv
 from elmo_jax.plan.targets import target
 from elmo_jax.settings import LSTM_SCHEDULES, TrainSettings
@@ -206,6 +207,12 @@ def main() -> None:
         "--char_conv", default="auto", choices=settings.CHAR_CONVS, help="the char CNN's max, XLA's or our kernels"
     )
     parser.add_argument(
+        "--softmax_kernel",
+        default="auto",
+        choices=settings.SOFTMAX_KERNELS,
+        help="train: the sampled softmax, XLA's or our kernels",
+    )
+    parser.add_argument(
         "--backward_order",
         default="independent",
         choices=settings.BACKWARD_ORDERS,
@@ -232,6 +239,7 @@ def main() -> None:
         lstm_schedule=args.lstm_schedule,
         lstm_cell=args.lstm_cell,
         char_conv=args.char_conv,
+        softmax_kernel=args.softmax_kernel,
         scan_unroll=args.scan_unroll,
     )
     device = jax.devices()[0]
@@ -309,6 +317,7 @@ def main() -> None:
         "lstm_schedule": schedule(config),
         "lstm_cell": cell(config),
         "char_conv": conv(config),
+        "softmax_kernel": softmax_kernel(config),
         "keep_freed_memory": not args.release_freed_memory,
         "device": device.device_kind,
         "per_device_batch": B,
