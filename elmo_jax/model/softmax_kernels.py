@@ -154,16 +154,16 @@ def _tile(n: int, most: int) -> int:
 
 
 class _Operands:
-    """The kernels' operands, padded to whole tiles: h (N', P') and W (S', P') in `dtype`,
+    """The kernels' operands, padded to whole tiles: h (N', P) and W (S', P) in `dtype`,
     bias (S',) (padding candidates -inf), ids (S',), targets (N',)."""
 
     def __init__(self, h_NP, W_SP, bias_S, ids_S, targets_N, dtype: str, block: Block):
-        (N, P), S = h_NP.shape, W_SP.shape[0]
+        N, S = h_NP.shape[0], W_SP.shape[0]
         self.dtype = dtype
         self.n_rows, self.n_columns = _tile(N, block[0]), _tile(S, block[1])
-        N2, S2, P2 = _padded(N, self.n_rows), _padded(S, self.n_columns), _tile(P, P)
-        self.h = jnp.pad(narrow(h_NP, dtype), ((0, N2 - N), (0, P2 - P)))
-        self.W = jnp.pad(narrow(W_SP, dtype), ((0, S2 - S), (0, P2 - P)))
+        N2, S2 = _padded(N, self.n_rows), _padded(S, self.n_columns)
+        self.h = jnp.pad(narrow(h_NP, dtype), ((0, N2 - N), (0, 0)))
+        self.W = jnp.pad(narrow(W_SP, dtype), ((0, S2 - S), (0, 0)))
         self.bias = jnp.pad(bias_S.astype(jnp.float32), (0, S2 - S), constant_values=-jnp.inf)
         self.ids = jnp.pad(ids_S.astype(jnp.int32), (0, S2 - S), constant_values=-1)
         self.targets = jnp.pad(targets_N.astype(jnp.int32), (0, N2 - N), constant_values=-1)
