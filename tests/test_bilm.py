@@ -221,15 +221,15 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block, chunks", [((256, 512), 8), ((128, 128), 1)])
 def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, monkeypatch):
-    """The kernels' TPU variants (`char_kernels.tiled`: windows (W, K, N), VMEM blocks of whole
+    """The kernels' TPU variants (`kernel_calls.tiled`: windows (W, K, N), VMEM blocks of whole
     positions, the max and its bits and the filter gradient's sums kept in their outputs' blocks
     across the grid, the windows' gradient in VMEM summed into the characters'), interpreted
     here, against XLA's path as above: words padded to 256 (whole blocks of LANES), in one block
     of 256 words by 256 filters, and in 2 by 2 blocks of 128 x 128; the filter gradient's 2
     blocks of LANES words in 2 chunks, and in 1 of 2."""
-    from elmo_jax.model import char_kernels
+    from elmo_jax.model import char_kernels, kernel_calls
 
-    monkeypatch.setattr(char_kernels, "tiled", lambda: True)
+    monkeypatch.setattr(kernel_calls, "tiled", lambda: True)
     monkeypatch.setattr(char_kernels, "TILED_ROWS", block[0])
     monkeypatch.setattr(char_kernels, "TILED_COLUMNS", block[1])
     monkeypatch.setattr(char_kernels, "CHUNKS", chunks)

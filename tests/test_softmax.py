@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax.model import softmax_kernels
+from elmo_jax.model import kernel_calls, softmax_kernels
 from elmo_jax.model.softmax import (
     full_softmax_ce,
     log_uniform_log_probs,
@@ -136,7 +136,7 @@ def test_pallas_sampled_softmax_equals_xla_with_its_gradients(dtype, tiled, bloc
     a block of rows nor a tile of candidates (at (16, 16): several of each)."""
     monkeypatch.setattr(softmax_kernels, "BLOCKS", (block,))
     monkeypatch.setattr(softmax_kernels, "TILED_BLOCK", block)
-    monkeypatch.setattr(softmax_kernels, "tiled", lambda: tiled)
+    monkeypatch.setattr(kernel_calls, "tiled", lambda: tiled)
     rng = np.random.default_rng(5)
     N, S, P, V = 37, 50, 24, 80
     h = jnp.asarray(rng.normal(size=(N, P)), jnp.float32)

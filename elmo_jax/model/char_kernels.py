@@ -13,14 +13,15 @@ of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memo
 
 Operands: windows (W, N, K) in the compute dtype (position-major, on a TPU (W, K, N); K the
 widest filter's window, zero-padded to a power of two), the filter bank (K, F), F and N padded
-to whole blocks (`padded`). On GPUs they lower to Triton; on TPUs their tiled variants (`tiled()`: each grid
-program's operands in VMEM blocks of whole positions, which the grid's pipeline fetches from
-device memory, the max, its bits and the gradients' sums kept in their outputs' blocks) to
-Mosaic; on a CPU (this project's tests, both variants) Pallas interprets them, to the numbers of
-token_encoder's XLA path. Each kernel declares the HBM bytes it moves in its custom call's
-metadata (`kernel_calls.metadata`), which `elmo_jax.plan` reads: on a GPU each operand once (the
-blocks that share an operand run side by side and meet in L2), on a TPU the blocks the pipeline
-fetches (the filter bank once per block of words).
+to whole blocks (`kernel_calls.padded`). On GPUs they lower to Triton; on TPUs their tiled
+variants (`kernel_calls.tiled()`: each grid program's operands in VMEM blocks of whole positions,
+words along the lanes, which the grid's pipeline fetches from device memory, the max, its bits
+and the gradients' sums kept in their outputs' blocks) to Mosaic; on a CPU (this project's
+tests, both variants) Pallas interprets them, to the numbers of token_encoder's XLA path. Each
+kernel declares the HBM bytes it moves in its custom call's metadata (`kernel_calls.metadata`),
+which `elmo_jax.plan` reads: on a GPU each operand once (the blocks that share an operand run
+side by side and meet in L2), on a TPU the blocks the pipeline fetches (the filter bank once per
+block of words).
 
 On a GPU block sizes fit its shared memory (`chosen_block`): Triton stages a block's operands
 there, and how much it asks for depends on the GPU's generation, the dtype, the matmul precision
@@ -43,6 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from elmo_jax.errors import UserError
+from elmo_jax.model import kernel_calls
 from elmo_jax.model.backend import backend, device, tracing_for
 from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
 
@@ -57,14 +59,6 @@ CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: 
 TILED_ROWS, TILED_COLUMNS = 256, 512
 LANES = 128  # a TPU block's words (the windows' last dimension) in multiples of these
 VMEM_LIMIT = 48 << 20
-
-
-def padded(n: int, block: int | None = None) -> int:
-    """n rounded up to whole blocks of `block`, or (below one block, or without one) to a power
-    of two, at least 16: a dimension a Triton block spans whole."""
-    if block is not None and n >= block:
-        return -(-n // block) * block
-    return max(16, 1 << (n - 1).bit_length())
 
 
 def _product(a, b, contract: tuple[int, int]) -> jax.Array:
@@ -249,16 +243,9 @@ def _call(
     )(*args)
 
 
-def tiled() -> bool:
-    """The kernels' TPU variants (Mosaic: operands in VMEM blocks the grid's pipeline fetches;
-    the windows (W, K, N), words along the lanes), where the model is traced for a TPU; else the
-    GPU's (Triton: whole operands in device memory; the windows (W, N, K))."""
-    return backend() == "tpu"
-
-
 def padded_words(N: int) -> int:
-    """N words padded to whole blocks (`padded`): of ROWS, on a TPU of LANES (`tiled()`)."""
-    return padded(N, LANES if tiled() else ROWS)
+    """N words padded to whole blocks (`kernel_calls.padded`): of ROWS, on a TPU of LANES."""
+    return kernel_calls.padded(N, LANES if kernel_calls.tiled() else ROWS)
 
 
 def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str, block: Block | None = None):
@@ -272,7 +259,7 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
     n_rows, n_columns = _within(block or chosen_block(MAX, W, K, F, dtype), N, F)
     out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (M, N, F), jnp.uint32))
     flops = 2 * W * N * K * F
-    if tiled():  # the bank and last positions read once per block of rows
+    if kernel_calls.tiled():  # the bank and last positions read once per block of rows
         return _call(
             functools.partial(_tiled_max_kernel, dtype=dtype),
             MAX,
@@ -368,7 +355,7 @@ def filter_gradients(
     chunks = math.gcd(CHUNKS, N // n_rows)
     out_shape = like(share_NF, (chunks, K, F), jnp.float32)
     flops = 2 * W * N * K * F
-    if tiled():  # all F filters in a block (n_columns == F): the windows read once
+    if kernel_calls.tiled():  # all F filters in a block (n_columns == F): the windows read once
         per_chunk = N // n_rows // chunks
         partial = _call(
             functools.partial(_tiled_filter_gradient_kernel, dtype=dtype),
@@ -406,7 +393,7 @@ KERNELS = (MAX, WINDOWS, FILTERS)
 def _sizes(windows: jax.Array) -> tuple[int, int, int]:
     """W, N, K of windows (W, N, K), on a TPU (W, K, N)."""
     W, *NK = windows.shape
-    N, K = reversed(NK) if tiled() else NK
+    N, K = reversed(NK) if kernel_calls.tiled() else NK
     return W, N, K
 
 
@@ -421,7 +408,7 @@ def chosen_block(kernel: str, W: int, K: int, F: int, dtype: str) -> Block:
     (padded) in `dtype`: on a GPU the first of BLOCKS whose kernel compiles for the device the
     model is traced for (Triton stages the operands in its shared memory); on a TPU `_tiled_block`;
     elsewhere (Pallas interprets the kernels) the largest. A UserError where none fits."""
-    if tiled():
+    if kernel_calls.tiled():
         return _tiled_block(kernel, F)
     if not _compiled_by_triton():
         return BLOCKS[0]

@@ -1,6 +1,7 @@
-"""What our Pallas kernels (`cell_kernels`, `char_kernels`) share with each other and with
-`elmo_jax.plan`: the custom call's metadata keys that declare a kernel's bytes and FLOPs, the bytes
-of arrays, outputs as device-varying as their inputs, and where our kernels cannot run."""
+"""What our Pallas kernels (`cell_kernels`, `char_kernels`, `softmax_kernels`) share with each
+other and with `elmo_jax.plan`: the custom call's metadata keys that declare a kernel's bytes and
+FLOPs, the bytes of arrays, outputs as device-varying as their inputs, where our kernels cannot
+run, which variant runs (`tiled()`) and the padding of dimensions to whole blocks."""
 
 from __future__ import annotations
 
@@ -49,3 +50,23 @@ def refuse_where_unable(
             f"{picked} has kernels for GPUs (Triton); on a CPU JAX's Pallas interpreter cannot run them "
             f"inside the data-parallel train step: use {setting}='xla'"
         )
+
+
+def tiled() -> bool:
+    """The kernels' TPU variants (Mosaic: a grid whose programs' operands are VMEM blocks that its
+    pipeline fetches from device memory), where the model is traced for a TPU; else the GPU's
+    (Triton). Read as `kernel_calls.tiled()`, so that a test patches it in one place."""
+    return backend() == "tpu"
+
+
+def whole_blocks(n: int, block: int) -> int:
+    """n rounded up to whole blocks."""
+    return -(-n // block) * block
+
+
+def padded(n: int, block: int | None = None) -> int:
+    """n rounded up to whole blocks of `block`, or (below one block, or without one) to a power
+    of two, at least 16: a dimension a Triton block spans whole."""
+    if block is not None and n >= block:
+        return whole_blocks(n, block)
+    return max(16, 1 << (n - 1).bit_length())

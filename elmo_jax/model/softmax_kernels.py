@@ -13,9 +13,9 @@ log-sum-exp and again for its gradient.
 
 On GPUs they lower to Triton (a program per block of rows, looping over the candidates' tiles),
 block sizes chosen by compiling each alone for the device the model is traced for
-(`chosen_block`, as char_kernels does); on TPUs their tiled variants (`tiled()`: a grid over
-blocks of rows and tiles of candidates, operands in VMEM blocks) to Mosaic; on a CPU (the
-tests, both variants) Pallas interprets them, to the numbers of XLA's path
+(`chosen_block`, as char_kernels does); on TPUs their tiled variants (`kernel_calls.tiled()`: a
+grid over blocks of rows and tiles of candidates, operands in VMEM blocks) to Mosaic; on a CPU
+(the tests, both variants) Pallas interprets them, to the numbers of XLA's path
 (`softmax.sampled_softmax_ce`). Each declares its product's FLOPs and the bytes it moves
 (`kernel_calls.metadata`): on a GPU each operand once (the blocks of rows running side by side
 share the candidates' rows in L2), on a TPU the blocks the pipeline fetches (the candidates'
@@ -37,8 +37,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from elmo_jax.errors import UserError
+from elmo_jax.model import kernel_calls
 from elmo_jax.model.backend import backend, device, tracing_for
-from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
+from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable, whole_blocks
 from elmo_jax.model.matmul import narrow, result_type, widened
 
 Block = tuple[int, int]  # (rows, candidates) of a tile
@@ -131,21 +132,9 @@ def _tiled_gradient_kernel(h_ref, targets_ref, lse_ref, g_ref, w_ref, bias_ref, 
     sums_ref[0] = d.sum(axis=0, keepdims=True)
 
 
-def tiled() -> bool:
-    """The kernels' TPU variants (Mosaic: a grid over row blocks and candidate tiles, each
-    program's operands in VMEM blocks the grid's pipeline fetches), where the model is traced
-    for a TPU; else the GPU's (Triton: a program per row block, looping over the tiles)."""
-    return backend() == "tpu"
-
-
 def _tiled_bytes(x) -> int:
     """The bytes of x in a TPU's device memory: a column (N, 1) takes a row of LANES for each value."""
     return nbytes(x) * (LANES if x.shape[-1] == 1 else 1)
-
-
-def _padded(n: int, block: int) -> int:
-    """n rounded up to whole blocks."""
-    return -(-n // block) * block
 
 
 def _tile(n: int, most: int) -> int:
@@ -161,7 +150,7 @@ class _Operands:
         N, S = h_NP.shape[0], W_SP.shape[0]
         self.dtype = dtype
         self.n_rows, self.n_columns = _tile(N, block[0]), _tile(S, block[1])
-        N2, S2 = _padded(N, self.n_rows), _padded(S, self.n_columns)
+        N2, S2 = whole_blocks(N, self.n_rows), whole_blocks(S, self.n_columns)
         self.h = jnp.pad(narrow(h_NP, dtype), ((0, N2 - N), (0, 0)))
         self.W = jnp.pad(narrow(W_SP, dtype), ((0, S2 - S), (0, 0)))
         self.bias = jnp.pad(bias_S.astype(jnp.float32), (0, S2 - S), constant_values=-jnp.inf)
@@ -225,7 +214,7 @@ def _lse(h_NP, W_SP, bias_S, ids_S, targets_N, dtype: str, block: Block) -> jax.
     """The log-sum-exp (N,) float32 of each row's logits (`_lse_kernel`)."""
     ops = _Operands(h_NP, W_SP, bias_S, ids_S, targets_N, dtype, block)
     N, N2 = h_NP.shape[0], ops.h.shape[0]
-    if tiled():
+    if kernel_calls.tiled():
         rows = pl.BlockSpec((ops.n_rows, 1), lambda i, j: (i, 0))
         scratch = [pltpu.VMEM((ops.n_rows, 1), jnp.float32)] * 2
         out_shape = like(ops.h, (N2, 1), jnp.float32)
@@ -243,7 +232,7 @@ def _gradient(h_NP, W_SP, bias_S, ids_S, targets_N, lse_N, g_N, dtype: str, bloc
     ops = _Operands(h_NP, W_SP, bias_S, ids_S, targets_N, dtype, block)
     N, S, (N2, S2) = h_NP.shape[0], W_SP.shape[0], (ops.h.shape[0], ops.W.shape[0])
     lse, g = ops.row_vector(lse_N), ops.row_vector(g_N)
-    if tiled():
+    if kernel_calls.tiled():
         n, m = ops.n_rows, ops.n_columns
         out_shape = (like(ops.h, (N2, S2), dtype), like(ops.h, (N2 // n, 1, S2), jnp.float32))
         out_specs = (pl.BlockSpec((n, m), lambda i, j: (i, j)), pl.BlockSpec((1, 1, m), lambda i, j: (i, 0, j)))
@@ -294,7 +283,7 @@ def chosen_block(P: int, dtype: str) -> Block:
     """(rows, candidates) of a tile for P-wide rows in `dtype`: on a GPU the first of BLOCKS at
     which both kernels compile for the device the model is traced for (Triton stages the
     operands in its shared memory), elsewhere the largest. A UserError where none fits."""
-    if tiled():
+    if kernel_calls.tiled():
         return TILED_BLOCK
     if not _compiled_by_triton():
         return BLOCKS[0]

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.model import Params, char_kernels
+from elmo_jax.model import Params, char_kernels, kernel_calls
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
 
@@ -129,12 +129,12 @@ def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
 
 def _kernel_windows(x_NCD: jax.Array, width: int) -> jax.Array:
     """Characters (N, C, D) -> the windows of `width` characters for `char_kernels`, N and K =
-    width * D padded with zeros to whole blocks: (W, N, K), on a TPU (W, K, N) (`tiled()`: the
-    characters' D rows side by side, whole tiles of its sublanes, where XLA writes the windows in
-    one pass)."""
-    (N, C, D), padded = x_NCD.shape, char_kernels.padded
+    width * D padded with zeros to whole blocks: (W, N, K), on a TPU (W, K, N)
+    (`kernel_calls.tiled()`: the characters' D rows side by side, whole tiles of its sublanes,
+    where XLA writes the windows in one pass)."""
+    (N, C, D), padded = x_NCD.shape, kernel_calls.padded
     W, Np, K = C - width + 1, char_kernels.padded_words(N), width * D
-    if char_kernels.tiled():
+    if kernel_calls.tiled():
         x_CDN = jnp.pad(jnp.transpose(x_NCD, (1, 2, 0)), ((0, 0), (0, 0), (0, Np - N)))
         return jnp.concatenate(
             [_windows(x_CDN, width, axis=0, along=1), jnp.zeros((W, padded(K) - K, Np), x_NCD.dtype)], axis=1
@@ -146,7 +146,7 @@ def _kernel_windows(x_NCD: jax.Array, width: int) -> jax.Array:
 def _kernel_bank(w_KF: jax.Array, last_F: np.ndarray, dtype: str) -> tuple[jax.Array, jax.Array]:
     """The filter bank (K, F) for `char_kernels`, in `dtype`, padded with zeros to whole blocks,
     and each column's last position (F,) int32 (-1 for the padding: never inside)."""
-    (K, F), padded = w_KF.shape, char_kernels.padded
+    (K, F), padded = w_KF.shape, kernel_calls.padded
     Kp, Fp = padded(K), padded(F, char_kernels.COLUMNS)
     bank = jnp.pad(w_KF.astype(dtype), ((0, Kp - K), (0, Fp - F)))
     return bank, jnp.asarray(np.pad(last_F, (0, Fp - F), constant_values=-1), jnp.int32)
@@ -217,7 +217,7 @@ def _conv_max_backward(dtype, kernels, residuals, g_NF):
         W, Np = windows.shape[0], ties_MNF.shape[1]
         share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
         dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
-        if char_kernels.tiled():  # the characters' gradient (C, D, N) from the kernel
+        if kernel_calls.tiled():  # the characters' gradient (C, D, N) from the kernel
             dx_CDN = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype)
             dx = jnp.transpose(dx_CDN[:, :, :N], (2, 0, 1))
         else:
@@ -288,8 +288,8 @@ def _kernel_sizes(config: ModelConfig) -> tuple[int, int, int]:
     W = cnn.max_characters_per_token - min(widths) + 1
     return (
         W,
-        char_kernels.padded(max(widths) * cnn.embedding_dim),
-        char_kernels.padded(cnn.n_filters, char_kernels.COLUMNS),
+        kernel_calls.padded(max(widths) * cnn.embedding_dim),
+        kernel_calls.padded(cnn.n_filters, char_kernels.COLUMNS),
     )
 
 
