@@ -883,29 +883,38 @@ def test_the_char_cnn_blocks_are_chosen_before_the_step_is_traced_once_for_every
     from elmo_jax.experiments import demo
 
     from elmo_jax.experiment import train_settings
-    from elmo_jax.model import char_kernels
+    from elmo_jax.model import char_kernels, kernel_calls
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.model.token_encoder import _kernel_sizes
     from elmo_jax.plan.program import abstract_devices
     from elmo_jax.train.step import make_train_step
 
-    compiled, real = [], char_kernels._compile_alone
-    monkeypatch.setattr(char_kernels, "_compile_alone", lambda *a: compiled.append(a[:2]) or real(*a))
-    monkeypatch.setattr(char_kernels, "_REFUSALS", {})
+    compiled, real = [], kernel_calls._compile_alone
+
+    def counted(build, *rest):  # the char CNN's kernels compiled alone (the softmax's are probed too)
+        def recorded(operand):
+            probes = build(operand)
+            compiled.extend(name for name in probes if name in char_kernels.KERNELS)
+            return probes
+
+        return real(recorded, *rest)
+
+    monkeypatch.setattr(kernel_calls, "_compile_alone", counted)
+    monkeypatch.setattr(kernel_calls, "_REFUSALS", {})
     model = _demo_model()
     W, K, F = _kernel_sizes(model)
     with tracing_for("gpu", abstract_devices(TARGETS["h200"], 1)[0]), jax.default_matmul_precision("default"):
         make_train_step(model, train_settings(demo.get_config(), 2000))  # jit only: nothing traced yet
-        assert sorted(kernel for kernel, _ in compiled) == sorted(char_kernels.KERNELS)  # the largest blocks fit
+        assert sorted(compiled) == sorted(char_kernels.KERNELS)  # the largest blocks fit
         chosen = {k: char_kernels.chosen_block(k, W, K, F, "bfloat16") for k in char_kernels.KERNELS}
         for width in (3, 11, W):  # the widths batches bring
             assert {k: char_kernels.chosen_block(k, width, K, F, "bfloat16") for k in chosen} == chosen
         assert len(compiled) == len(char_kernels.KERNELS)
-        monkeypatch.setattr(char_kernels, "_REFUSALS", {})  # compiled afresh at the narrowest: the same blocks
+        monkeypatch.setattr(kernel_calls, "_REFUSALS", {})  # compiled afresh at the narrowest: the same blocks
         assert {k: char_kernels.chosen_block(k, 3, K, F, "bfloat16") for k in chosen} == chosen
         compiled.clear()
 
-        monkeypatch.setattr(char_kernels, "_REFUSALS", {})
+        monkeypatch.setattr(kernel_calls, "_REFUSALS", {})
         on = char_kernels.device()
 
         def ask() -> None:
@@ -928,15 +937,15 @@ def test_a_char_cnn_kernel_that_fails_to_compile_gets_xlas_under_auto_with_one_w
 
     import jax
 
-    from elmo_jax.model import char_kernels, token_encoder
+    from elmo_jax.model import kernel_calls, token_encoder
     from elmo_jax.model.backend import tracing_for
     from elmo_jax.plan.program import abstract_devices
 
     def broken(*args):
         raise jax.errors.JaxRuntimeError("INTERNAL: Triton lowering failed")
 
-    monkeypatch.setattr(char_kernels, "_compile_alone", broken)
-    monkeypatch.setattr(char_kernels, "_REFUSALS", {})
+    monkeypatch.setattr(kernel_calls, "_compile_alone", broken)
+    monkeypatch.setattr(kernel_calls, "_REFUSALS", {})
     token_encoder._say_once.cache_clear()
     with tracing_for("gpu", abstract_devices(TARGETS["h100"], 1)[0]), caplog.at_level(logging.WARNING):
         assert token_encoder.resolved(_demo_model()).char_conv == "xla"

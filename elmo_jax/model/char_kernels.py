@@ -32,20 +32,17 @@ largest of BLOCKS down, and keeps the first that the compiler accepts.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import math
-import threading
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from elmo_jax.errors import UserError
 from elmo_jax.model import kernel_calls
-from elmo_jax.model.backend import backend, device, tracing_for
+from elmo_jax.model.backend import backend, device
 from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
 
 ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
@@ -453,55 +450,24 @@ def _compiled_by_triton() -> bool:
     return backend() == "gpu" and device().platform == "gpu"
 
 
-_REFUSALS: dict[tuple, str | None] = {}
-_PROBING = threading.Lock()
-
-
 def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> str | None:
     """The compiler's reason why `kernel` at `block` cannot run on the device the model is traced
-    for (its first line: a resource exhausted), or None where it compiles. Compiled alone over
-    one block of words, once per device kind, dtype and matmul precision (float32 products as
-    TF32 or not stage different operands), whatever the width W: a block's operands are staged
-    one position at a time, so the first width asked for answers for all (the train step asks
-    at the widest before it is traced: token_encoder.resolved). Thread-safe."""
-    on, precision = device(), jax.config.jax_default_matmul_precision
-    key = (kernel, block, K, F, dtype, on.platform, on.device_kind, precision)
-    with _PROBING:
-        if key not in _REFUSALS:
-            # In a thread of its own: none of the asking trace's contexts (its mesh, which a
-            # program of one device may not take the place of) but those named here.
-            with concurrent.futures.ThreadPoolExecutor(1) as thread:
-                _REFUSALS[key] = thread.submit(_compile_alone, kernel, block, W, K, F, dtype, on, precision).result()
-        return _REFUSALS[key]
+    for (`kernel_calls.refusal`), or None where it compiles: compiled alone over one block of
+    words, whatever the width W: a block's operands are staged one position at a time, so the
+    first width asked for answers for all (the train step asks at the widest before it is
+    traced: token_encoder.resolved)."""
+    return kernel_calls.refusal((kernel, block, K, F, dtype), functools.partial(_probe, kernel, block, W, K, F, dtype))
 
 
-def _compile_alone(kernel: str, block: Block, W: int, K: int, F: int, dtype: str, on, precision) -> str | None:
-    """`_refusal`'s answer: the kernel compiled for `on` over one block of words."""
-    mesh = jax.sharding.Mesh(np.array([on]), ("block",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-    def operand(shape, dtype_):
-        return jax.ShapeDtypeStruct(shape, dtype_, sharding=sharding)
-
+def _probe(
+    kernel: str, block: Block, W: int, K: int, F: int, dtype: str, operand: kernel_calls.Operand
+) -> kernel_calls.Probes:
+    """`kernel` at `block`, over one block of words."""
     windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
     words = operand((-(-W // 32), ROWS, F), jnp.uint32)
-    calls = {
+    probes: kernel_calls.Probes = {
         MAX: (lambda w, b, last: max_and_ties(w, b, last, dtype, block), (windows, bank, operand((F,), jnp.int32))),
         WINDOWS: (lambda s, bits, b: window_gradients(s, bits, b, W, dtype, block), (share, words, bank)),
         FILTERS: (lambda w, s, bits: filter_gradients(w, s, bits, dtype, block), (windows, share, words)),
     }
-    call, operands = calls[kernel]
-    call.__name__ = kernel  # in the compile log
-    try:
-        with (
-            tracing_for("gpu", on),
-            jax.default_matmul_precision(precision),
-            jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
-        ):
-            lowered = jax.jit(call).lower(*operands)
-        lowered.compile()
-    except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        return str(e).splitlines()[0]
-    return None
+    return {kernel: probes[kernel]}

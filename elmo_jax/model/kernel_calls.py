@@ -1,18 +1,24 @@
 """What our Pallas kernels (`cell_kernels`, `char_kernels`, `softmax_kernels`) share with each
 other and with `elmo_jax.plan`: the custom call's metadata keys that declare a kernel's bytes and
 FLOPs, the bytes of arrays, outputs as device-varying as their inputs, where our kernels cannot
-run, which variant runs (`tiled()`) and the padding of dimensions to whole blocks."""
+run, which variant runs (`tiled()`), the padding of dimensions to whole blocks, and whether a
+GPU's compiler takes a kernel at a block size (`refusal`)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from elmo_jax.errors import UserError
-from elmo_jax.model.backend import backend
+from elmo_jax.model.backend import backend, device, tracing_for
 
 BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
 FLOPS_KEY = "elmo_jax.flops"  # and the floating-point operations of its products, where it has any
@@ -70,3 +76,53 @@ def padded(n: int, block: int | None = None) -> int:
     if block is not None and n >= block:
         return whole_blocks(n, block)
     return max(16, 1 << (n - 1).bit_length())
+
+
+Operand = Callable[[tuple[int, ...], Any], jax.ShapeDtypeStruct]  # (shape, dtype) -> an operand of `refusal`'s program
+Probes = dict[str, tuple[Callable[..., Any], tuple]]  # a kernel's name -> a function calling it, and its operands
+
+_REFUSALS: dict[tuple, str | None] = {}
+_PROBING = threading.Lock()
+
+
+def refusal(key: tuple, build: Callable[[Operand], Probes]) -> str | None:
+    """The compiler's reason why kernels cannot run on the device the model is traced for (its
+    first line: a resource exhausted), or None where each compiles. `build(operand)`: the
+    functions that call them, by kernel name, with their operands (made by `operand(shape,
+    dtype)`), each compiled alone (`_compile_alone`) until one is refused. Once per `key` (the
+    kernels' names and sizes), device kind and matmul precision (float32 products as TF32 or not
+    stage different operands). Thread-safe."""
+    on, precision = device(), jax.config.jax_default_matmul_precision
+    key = (*key, on.platform, on.device_kind, precision)
+    with _PROBING:
+        if key not in _REFUSALS:
+            # In a thread of its own: none of the asking trace's contexts (its mesh, which a
+            # program of one device may not take the place of) but those named here.
+            with concurrent.futures.ThreadPoolExecutor(1) as thread:
+                _REFUSALS[key] = thread.submit(_compile_alone, build, on, precision).result()
+        return _REFUSALS[key]
+
+
+def _compile_alone(build: Callable[[Operand], Probes], on: jax.Device, precision) -> str | None:
+    """`refusal`'s answer: build's functions compiled for `on`, over a mesh of `on` alone."""
+    mesh = jax.sharding.Mesh(np.array([on]), ("block",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def operand(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    for name, (call, operands) in build(operand).items():
+        call.__name__ = name  # in the compile log
+        try:
+            with (
+                tracing_for("gpu", on),
+                jax.default_matmul_precision(precision),
+                jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+            ):
+                lowered = jax.jit(call).lower(*operands)
+            lowered.compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return str(e).splitlines()[0]
+    return None

@@ -24,21 +24,16 @@ rows once per block of rows).
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import threading
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from elmo_jax.errors import UserError
 from elmo_jax.model import kernel_calls
-from elmo_jax.model.backend import backend, device, tracing_for
+from elmo_jax.model.backend import backend, device
 from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable, whole_blocks
 from elmo_jax.model.matmul import narrow, result_type, widened
 
@@ -308,33 +303,16 @@ def unfit(P: int, dtype: str) -> str | None:
     )
 
 
-_REFUSALS: dict[tuple, str | None] = {}
-_PROBING = threading.Lock()
-
-
 def _refusal(block: Block, P: int, dtype: str) -> str | None:
     """The compiler's reason why the kernels at `block` cannot run on the device the model is
-    traced for (its first line: a resource exhausted), or None where both compile. Compiled
-    alone over one block of rows and two of candidates, once per device kind, dtype and matmul
-    precision, in a thread of its own (none of the asking trace's contexts). Thread-safe."""
-    on, precision = device(), jax.config.jax_default_matmul_precision
-    key = (block, P, dtype, on.platform, on.device_kind, precision)
-    with _PROBING:
-        if key not in _REFUSALS:
-            with concurrent.futures.ThreadPoolExecutor(1) as thread:
-                _REFUSALS[key] = thread.submit(_compile_alone, block, P, dtype, on, precision).result()
-        return _REFUSALS[key]
+    traced for (`kernel_calls.refusal`), or None where both compile: compiled alone over one
+    block of rows and two of candidates."""
+    return kernel_calls.refusal((LSE, GRADIENT, block, P, dtype), functools.partial(_probes, block, P, dtype))
 
 
-def _compile_alone(block: Block, P: int, dtype: str, on, precision) -> str | None:
-    """`_refusal`'s answer: both kernels compiled for `on`."""
-    mesh = jax.sharding.Mesh(np.array([on]), ("block",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+def _probes(block: Block, P: int, dtype: str, operand: kernel_calls.Operand) -> kernel_calls.Probes:
+    """Both kernels at `block`, over one block of rows and two of candidates."""
     (n_rows, n_columns), f32, i32 = block, jnp.float32, jnp.int32
-
-    def operand(shape, dtype_):
-        return jax.ShapeDtypeStruct(shape, dtype_, sharding=sharding)
-
     h, W = operand((n_rows, P), dtype), operand((2 * n_columns, P), dtype)
     bias, ids, targets, rows = (
         operand((2 * n_columns,), f32),
@@ -342,25 +320,10 @@ def _compile_alone(block: Block, P: int, dtype: str, on, precision) -> str | Non
         operand((n_rows,), i32),
         operand((n_rows,), f32),
     )
-    calls: dict[str, tuple[Callable[..., Any], tuple]] = {
+    return {
         LSE: (lambda h, W, b, ids, t: _lse(h, W, b, ids, t, dtype, block), (h, W, bias, ids, targets)),
         GRADIENT: (
             lambda h, W, b, ids, t, lse, g: _gradient(h, W, b, ids, t, lse, g, dtype, block),
             (h, W, bias, ids, targets, rows, rows),
         ),
     }
-    for name, (call, operands) in calls.items():
-        call.__name__ = name  # in the compile log
-        try:
-            with (
-                tracing_for("gpu", on),
-                jax.default_matmul_precision(precision),
-                jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
-            ):
-                lowered = jax.jit(call).lower(*operands)
-            lowered.compile()
-        except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            return str(e).splitlines()[0]
-    return None
