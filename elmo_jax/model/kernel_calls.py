@@ -1,13 +1,15 @@
 """What our Pallas kernels (`cell_kernels`, `char_kernels`, `softmax_kernels`) share with each
 other and with `elmo_jax.plan`: the custom call's metadata keys that declare a kernel's bytes and
 FLOPs, the bytes of arrays, outputs as device-varying as their inputs, where our kernels cannot
-run, which variant runs (`tiled()`), the padding of dimensions to whole blocks, and whether a
-GPU's compiler takes a kernel at a block size (`refusal`)."""
+run, which variant runs (`tiled()`), the padding of dimensions to whole blocks, whether a GPU's
+compiler takes a kernel at a block size (`refusal`), and a setting's "auto" (`auto_choice`)."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -19,6 +21,8 @@ import numpy as np
 
 from elmo_jax.errors import UserError
 from elmo_jax.model.backend import backend, device, tracing_for
+
+log = logging.getLogger(__name__)
 
 BYTES_KEY = "elmo_jax.bytes"  # the custom call's metadata: bytes it reads and writes in device memory
 FLOPS_KEY = "elmo_jax.flops"  # and the floating-point operations of its products, where it has any
@@ -126,3 +130,27 @@ def _compile_alone(build: Callable[[Operand], Probes], on: jax.Device, precision
                 raise
             return str(e).splitlines()[0]
     return None
+
+
+def auto_choice(setting: str, what: str, unfit: Callable[[], str | None]) -> str:
+    """ "xla" or "pallas": `setting`'s "auto" for the backend the model is traced for: our kernels
+    on TPUs, and on GPUs unless `unfit()` says why they cannot run there (or fails: a compile
+    error other than our blocks' not fitting), said once, XLA's `what` in their place; XLA's
+    elsewhere."""
+    if backend() == "tpu":
+        return "pallas"
+    if backend() != "gpu":
+        return "xla"
+    try:
+        reason = unfit()
+    except Exception as e:  # a compile error other than our blocks' not fitting: not ours to fail on
+        reason = f"compiling them failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
+    if reason:
+        _say_once(f"{setting}='auto': XLA's {what}, as ours cannot run here: {reason}")
+        return "xla"
+    return "pallas"
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning(message)

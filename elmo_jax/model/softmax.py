@@ -12,8 +12,6 @@ expected count -expm1(num_tries * log1p(-P(k))).
 
 from __future__ import annotations
 
-import functools
-import logging
 from typing import NamedTuple
 
 import jax
@@ -21,10 +19,9 @@ import jax.numpy as jnp
 
 from elmo_jax.model import softmax_kernels
 from elmo_jax.model.backend import backend
+from elmo_jax.model.kernel_calls import auto_choice
 from elmo_jax.model.matmul import matmul
 from elmo_jax.model.top_k import top_k_indices
-
-log = logging.getLogger(__name__)
 
 
 def kernel(config) -> str:
@@ -33,23 +30,11 @@ def kernel(config) -> str:
     kernels compile for its P-wide rows, else XLA's)."""
     if config.softmax_kernel != "auto":
         return config.softmax_kernel
-    if backend() == "tpu":
-        return "pallas"
-    if backend() != "gpu":
-        return "xla"
-    try:
-        reason = softmax_kernels.unfit(config.lstm.projection_dim, config.compute_dtype)
-    except Exception as e:  # a compile error other than our blocks' not fitting: not ours to fail on
-        reason = f"compiling them failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
-    if reason:
-        _say_once(f"softmax_kernel='auto': XLA's sampled softmax, as ours cannot run here: {reason}")
-        return "xla"
-    return "pallas"
-
-
-@functools.cache
-def _say_once(message: str) -> None:
-    log.warning(message)
+    return auto_choice(
+        "softmax_kernel",
+        "sampled softmax",
+        lambda: softmax_kernels.unfit(config.lstm.projection_dim, config.compute_dtype),
+    )
 
 
 def log_uniform_log_probs(vocab_size: int) -> jax.Array:

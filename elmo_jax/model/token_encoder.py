@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from typing import cast
 
 import jax
@@ -21,8 +20,6 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params, char_kernels, kernel_calls
 from elmo_jax.model.backend import backend
 from elmo_jax.model.matmul import matmul
-
-log = logging.getLogger(__name__)
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
@@ -249,18 +246,9 @@ def conv(config: ModelConfig) -> str:
     once)."""
     if config.char_conv != "auto":
         return config.char_conv
-    if backend() == "tpu":
-        return "pallas"
-    if backend() != "gpu":
-        return "xla"
-    try:
-        reason = char_kernels.unfit(*_kernel_sizes(config), config.compute_dtype)
-    except Exception as e:  # a compile error other than our blocks' not fitting: not ours to fail on
-        reason = f"compiling them failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
-    if reason:
-        _say_once(f"char_conv='auto': XLA's char CNN, as ours cannot run here: {reason}")
-        return "xla"
-    return "pallas"
+    return kernel_calls.auto_choice(
+        "char_conv", "char CNN", lambda: char_kernels.unfit(*_kernel_sizes(config), config.compute_dtype)
+    )
 
 
 def resolved(config: ModelConfig) -> ModelConfig:
@@ -291,11 +279,6 @@ def _kernel_sizes(config: ModelConfig) -> tuple[int, int, int]:
         kernel_calls.padded(max(widths) * cnn.embedding_dim),
         kernel_calls.padded(cnn.n_filters, char_kernels.COLUMNS),
     )
-
-
-@functools.cache
-def _say_once(message: str) -> None:
-    log.warning(message)
 
 
 def encode_tokens(params: Params, ids_NI: jax.Array, config: ModelConfig, kernels: bool = False) -> jax.Array:
