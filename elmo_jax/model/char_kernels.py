@@ -407,7 +407,7 @@ def chosen_block(kernel: str, W: int, K: int, F: int, dtype: str) -> Block:
     elsewhere (Pallas interprets the kernels) the largest. A UserError where none fits."""
     if kernel_calls.tiled():
         return _tiled_block(kernel, F)
-    if not _compiled_by_triton():
+    if not kernel_calls.compiled_by_triton():
         return BLOCKS[0]
     for block in BLOCKS:
         if _refusal(kernel, block, W, K, F, dtype) is None:
@@ -433,7 +433,7 @@ def unfit(W: int, K: int, F: int, dtype: str) -> str | None:
     """Why the kernels cannot run for W positions, K-wide windows and F filters in `dtype` on the
     device the model is traced for (the first that fits at no block size, and the compiler's
     words for its smallest), or None where each has a block that fits."""
-    if not _compiled_by_triton():
+    if not kernel_calls.compiled_by_triton():
         return None
     for kernel in KERNELS:
         if all(_refusal(kernel, block, W, K, F, dtype) for block in BLOCKS):  # stops at the first that fits
@@ -443,11 +443,6 @@ def unfit(W: int, K: int, F: int, dtype: str) -> str | None:
                 f"{dtype}; at {rows} words x {columns} filters: {_refusal(kernel, BLOCKS[-1], W, K, F, dtype)})"
             )
     return None
-
-
-def _compiled_by_triton() -> bool:
-    """The model is traced for a GPU, and a GPU (or a target's abstract one) is there to compile for."""
-    return backend() == "gpu" and device().platform == "gpu"
 
 
 def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> str | None:

@@ -82,6 +82,11 @@ def padded(n: int, block: int | None = None) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def compiled_by_triton() -> bool:
+    """The model is traced for a GPU, and a GPU (or a target's abstract one) is there to compile for."""
+    return backend() == "gpu" and device().platform == "gpu"
+
+
 Operand = Callable[[tuple[int, ...], Any], jax.ShapeDtypeStruct]  # (shape, dtype) -> an operand of `refusal`'s program
 Probes = dict[str, tuple[Callable[..., Any], tuple]]  # a kernel's name -> a function calling it, and its operands
 

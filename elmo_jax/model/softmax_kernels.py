@@ -269,18 +269,13 @@ def _sampled_logsumexp_backward(dtype, block, h_dtype, W_dtype, residuals, g_N):
 _sampled_logsumexp.defvjp(_sampled_logsumexp_forward, _sampled_logsumexp_backward)
 
 
-def _compiled_by_triton() -> bool:
-    """The model is traced for a GPU, and a GPU (or a target's abstract one) is there to compile for."""
-    return backend() == "gpu" and device().platform == "gpu"
-
-
 def chosen_block(P: int, dtype: str) -> Block:
     """(rows, candidates) of a tile for P-wide rows in `dtype`: on a GPU the first of BLOCKS at
     which both kernels compile for the device the model is traced for (Triton stages the
     operands in its shared memory), elsewhere the largest. A UserError where none fits."""
     if kernel_calls.tiled():
         return TILED_BLOCK
-    if not _compiled_by_triton():
+    if not kernel_calls.compiled_by_triton():
         return BLOCKS[0]
     reason = unfit(P, dtype)
     if reason:
@@ -291,7 +286,7 @@ def chosen_block(P: int, dtype: str) -> Block:
 def unfit(P: int, dtype: str) -> str | None:
     """Why the kernels cannot run for P-wide rows in `dtype` on the device the model is traced
     for (the compiler's words at the smallest block), or None where a block fits."""
-    if not _compiled_by_triton():
+    if not kernel_calls.compiled_by_triton():
         return None
     if P & (P - 1):
         return f"Triton's blocks span whole powers of two, and the rows are {P} wide (projection_dim)"
