@@ -7,11 +7,13 @@ the same arithmetic take 8 and 7 and write each save slot with a kernel of its o
   saved too; after the projection (`forward_output`): its clip and mask, the carried and saved
   h, the layers' outputs with the residual, saved, and the next step's matmul operand
   [inputs; h] with the dropout on the inputs from the layer below;
-- backward, after the projection's transposed matmul (`backward_cell`): the cell's gradient and
-  the gates' gradient, written to its save slot and as the operand of the matmul that carries
-  it back; after that matmul (`backward_output`): the h gradient carried back, the input
-  gradients (saved: layer 0's leave the stack, the others are passed down a step later) and the
-  next step's gradient of the unclipped projection.
+- backward, after the projection's transposed matmul (`backward_cell`): the cell the step left,
+  computed again from its activations and the cell before (`cell_math.cell_left`: the cells'
+  save slots are read once a step, at s - 1), the cell's gradient and the gates' gradient,
+  written to its save slot and as the operand of the matmul that carries it back; after that
+  matmul (`backward_output`): the h gradient carried back, the input gradients (saved: layer
+  0's leave the stack, the others are passed down a step later) and the next step's gradient of
+  the unclipped projection.
 
 On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the
 same numbers as the XLA cell (`wavefront._xla_train_loop`, `wavefront._xla_backward_loop`; the arithmetic
@@ -52,6 +54,7 @@ from elmo_jax.model.cell_math import (
     activation,
     activation_gradient,
     cell_gradients,
+    cell_left,
     cell_update,
     clipped,
     clipped_gradient,
@@ -215,7 +218,8 @@ def _backward_kernel(*, counter, d_a, d_c, c0, mask, acts, cells, d_gate_slots, 
     at = _Block(counter, mask, block=d_c.shape, B=B, D=D, down=True)
     j, part_columns = at.in_parts(d_gates.shape[-1])
     gates = [acts[at.rows, at.s, g, at.columns].astype(jnp.float32) for g in range(4)]
-    c_new, c_prev = cells[at.rows, at.s, at.columns], _cell_before(at, c0, cells)
+    c_prev = _cell_before(at, c0, cells)
+    c_new = cell_left(gates, c_prev, at.ran, clip)  # computed again, not read from slot s
     d_acts, d_c_prev = cell_gradients(gates, c_new, c_prev, d_a[...].astype(jnp.float32), d_c[...], at.ran, clip)
     for g, ((slope, _, shift), act, d_act) in enumerate(zip(GATES, gates, d_acts, strict=True)):
         d_gate = activation_gradient(d_act, act, slope, shift).astype(d_gates.dtype)
@@ -243,10 +247,10 @@ def _backward_gates_kernel(
         in_part, columns = pl.ds(k * depth, depth), pl.ds(j * part_width + k * depth, depth)
         gates = [acts[rows, s, g, columns].astype(jnp.float32) for g in range(4)]
         c_prev = jax.lax.cond(s == 0, lambda: c0[rows, columns], lambda: cells[rows, jnp.maximum(s - 1, 0), columns])
+        c_new = cell_left(gates, c_prev, ran, clip)  # computed again, not read from slot s
         d_acts, d_c_prev = cell_gradients(
-            gates, cells[rows, s, columns], c_prev, d_a[rows, columns].astype(jnp.float32), d_c[parity, rows, columns],
-            ran, clip,
-        )  # fmt: skip
+            gates, c_new, c_prev, d_a[rows, columns].astype(jnp.float32), d_c[parity, rows, columns], ran, clip
+        )
         d_gates = [
             activation_gradient(d_act, act, slope, shift).astype(d_gate_slots.dtype)
             for (slope, _, shift), act, d_act in zip(GATES, gates, d_acts, strict=True)
@@ -515,16 +519,18 @@ def backward_cell(
     computes s for this one): the gradient of o * tanh(c) (L, D, B, C) in the compute dtype (the
     projection's transposed matmul, rounded), the carried cell gradient (L, D, B, C), the initial
     cell (L, D, B, C: the cell before slot 0), the mask (L, B, S) int32, the forward's saved
-    activations and cells, and the gates' gradient's save slots (L, D, B, S, 4C, compute dtype)
-    -> (those slots with slot s written, the gates' gradient in the compute dtype, the cell's
-    columns in J parts (L, D, J, B, 4, C / J), the cell gradient carried to step s - 1)."""
+    activations and cells (slot s - 1's read: slot s's cell is computed again from it and slot
+    s's activations, as the forward computed it, `cell_math.cell_left`), and the gates'
+    gradient's save slots (L, D, B, S, 4C, compute dtype) -> (those slots with slot s written,
+    the gates' gradient in the compute dtype, the cell's columns in J parts (L, D, J, B, 4,
+    C / J), the cell gradient carried to step s - 1)."""
     L, D, B, C = d_a_LDBC.shape
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
     d_a, d_c = d_a_LDBC.reshape(R, C), d_c_LDBC.reshape(R, C)
     acts, cells = acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C)
     d_gate_slots, d_gates = d_gates_LDBSG.reshape(R, S, 4, C), like(d_a, (L * D, J, B, 4, C // J), dtype)
     touched = nbytes(
-        d_a, _slot(acts), _slot(cells), _slot(cells),  # read: d_a, the slot's activations, the cells of s and s - 1
+        d_a, _slot(acts), _slot(cells),  # read: d_a, the slot's activations, the cell of slot s - 1 (or c0)
         d_c, d_c,  # the cell gradient, read and written
         _slot(d_gate_slots), d_gates,  # the gates' gradient, written to its slot and as the matmul's operand
         _rows(R, 1, jnp.int32),  # the mask's rows
@@ -582,7 +588,7 @@ def backward_cell_and_gates_product(
     d_gate_slots, W = d_gates_LDBSG.reshape(R, S, 4, C), W_LDJQGc.reshape(L * D, J, Q, 4, C // J)
     d_in_h = like(d_a, (L * D, J, B, Q), jnp.float32)
     touched = nbytes(
-        d_a, _slot(acts), _slot(cells), _slot(cells), W,  # read: d_a, the slot's activations, the cells of s and s - 1
+        d_a, _slot(acts), _slot(cells), W,  # read: d_a, the slot's activations, the cell of slot s - 1 (or c0)
         _rows(R, C, d_c.dtype), _rows(R, C, d_c.dtype),  # the cell gradient, read from one buffer, written to the other
         _slot(d_gate_slots), d_in_h,  # written: the gates' gradient into its slot, the product's parts
         _rows(R, 1, jnp.int32),  # the mask's rows

@@ -46,6 +46,16 @@ def cell_update(si, tj, sf, c, clip: float | None):
     return clipped(sf * c + si * tj, clip)
 
 
+def cell_left(acts, c, ran, clip: float | None):
+    """The cell that a step leaves, as its save slot keeps it: from the activations (i, j, f, o)
+    and the cell c it read, the update where it ran, else c. The backward pass computes it again
+    from what it reads anyway (the activations, the cell before) rather than read it: the
+    forward's arithmetic, on the same values, to the same bits where the compiler emits the same
+    code."""
+    si, tj, sf, _ = acts
+    return jnp.where(ran, cell_update(si, tj, sf, c, clip), c)
+
+
 def cell_gradients(acts, c_new, c_prev, d_a, d_c, ran, clip: float | None):
     """One step's gradients: the activations (i, j, f, o), the cell it left and the one it read,
     the gradient of the projection's operand a = o tanh(c) and the cell's carried from the step
