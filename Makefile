@@ -9,7 +9,7 @@ PYTHON ?= $(or $(PY312),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast test-py311 test-floors fixtures fixtures-check lint gpu-cpu install clean
+.PHONY: demo test test-targets test-fast test-py311 test-floors fixtures fixtures-check lint gpu-cpu install clean
 
 install: $(VENV)/.installed-dev
 
@@ -28,9 +28,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/elmo-jax train --config=demo --workdir=workdirs/demo
 
-# 2 workers: a compile keeps one core busy and leaves the other idle.
+# 2 workers: a compile keeps one core busy and leaves the other idle. The compiles of the published
+# model's default step for every accelerator target (marked targets: 15, a minute each) are
+# test-targets', which CI runs after this.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal -m "not targets"
+
+test-targets: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -rs -n 2 --dist worksteal -m targets
 
 # The edit-test loop: no test that starts a process (tests/conftest.py), none marked slow.
 test-fast: $(VENV)/.installed-dev

@@ -715,6 +715,7 @@ FUSED_CASES = [("a100", "float32"), ("a100", "bfloat16"), ("h200", "bfloat16")]
 
 @pytest.mark.slow
 @pytest.mark.launches
+@pytest.mark.targets
 @pytest.mark.parametrize(
     "name, dtype, lstm_cell",
     [(name, dtype, "auto") for name in GPUS for dtype in ("float32", "bfloat16")]
@@ -749,6 +750,7 @@ TPUS = [name for name in sorted(TARGETS) if TARGETS[name].platform == "tpu"]
 
 @pytest.mark.slow
 @pytest.mark.launches
+@pytest.mark.targets
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", TPUS)
 def test_the_published_models_default_train_step_compiles_for_every_tpu(tmp_path, name, dtype):
