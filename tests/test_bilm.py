@@ -219,6 +219,20 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block", [(64, 128), (16, 32)])
+def test_the_char_cnn_gpu_kernels_sum_characters_narrower_than_a_dot(dtype, block, monkeypatch):
+    """The GPU's character gradient kernel (`char_kernels.character_gradients`: a program a block
+    of words and a character, the sum over the windows that hold it) where the characters are
+    8 wide (the demo's), each window's character padded to Triton's smallest dot dimension (16),
+    widths 5 and 3 (the widest filter's windows past the word's end read the padding that lets
+    the narrowest's last positions in), against XLA's path as above."""
+    from elmo_jax.model import char_kernels
+
+    monkeypatch.setattr(char_kernels, "BLOCKS", (block,))
+    _check_char_kernels_against_xla(dtype, D=8, widths=((5, 120), (3, 80)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block, chunks", [((256, 512), 8), ((128, 128), 1)])
 def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, monkeypatch):
     """The kernels' TPU variants (`kernel_calls.tiled`: windows (W, K, N), VMEM blocks of whole
@@ -236,13 +250,13 @@ def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, mo
     _check_char_kernels_against_xla(dtype)
 
 
-def _check_char_kernels_against_xla(dtype: str):
+def _check_char_kernels_against_xla(dtype: str, D: int = 16, widths=((4, 120), (2, 80))):
     from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(1)
-    N, C, D = 200, 40, 16
+    N, C = 200, 40
     x = jnp.asarray(rng.integers(-1, 2, size=(N, C, D)), dtype)
-    ws = [jnp.asarray(rng.integers(-1, 2, size=(width, D, n)), jnp.float32) for width, n in ((4, 120), (2, 80))]
+    ws = [jnp.asarray(rng.integers(-1, 2, size=(width, D, n)), jnp.float32) for width, n in widths]
     g = jnp.asarray(rng.normal(size=(N, 200)), jnp.float32)
     xla, xla_vjp = jax.vjp(lambda x, *ws: _conv_max(x, ws, dtype, False), x, *ws)
     ours, our_vjp = jax.vjp(lambda x, *ws: _conv_max(x, ws, dtype, True), x, *ws)

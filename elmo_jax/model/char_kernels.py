@@ -7,9 +7,11 @@ of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memo
 - `max_and_ties`: per block of words and filters, each position's window of characters times
   the filters, rounded to the compute dtype, the max so far and the bits of the positions that
   hold it (`token_encoder._max_and_ties`' layout);
-- `window_gradients` and `filter_gradients`: the products of the backward pass, with the max's
-  gradient at each position (its share where the position's bit is set, else 0) built block by
-  block from those bits.
+- `character_gradients` and `filter_gradients`: the products of the backward pass, with the
+  max's gradient at each position (its share where the position's bit is set, else 0) built
+  block by block from those bits; the first summed over the windows that hold each character
+  into the characters' gradient (C, D) a word, the windows' (W, K) never in device memory (on a
+  GPU a program a block of words and a character, on a TPU in VMEM).
 
 Operands: windows (W, N, K) in the compute dtype (position-major, on a TPU (W, K, N); K the
 widest filter's window, zero-padded to a power of two), the filter bank (K, F), F and N padded
@@ -110,17 +112,31 @@ def _max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
         words_ref[m, rows, columns] = word
 
 
-def _window_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, n_rows, n_columns, dtype):
-    i, w = _divmod(pl.program_id(0), W)  # a block of words' positions side by side: its bits read once
-    rows = pl.ds(i * n_rows, n_rows)
+def _character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, width, n_rows, n_columns, dtype):
+    # Program (i, c): character c's gradient of a block of words (rows, Dp), the sum over the
+    # windows w = c - k that hold it as their k-th character (0 <= k < width, 0 <= w < W) of the
+    # max's gradient at w times the bank's k-th Dp rows. A block of words' characters side by
+    # side: its share and bits read once from device memory (and once a column block from L2
+    # for all of the character's windows).
+    i, c = _divmod(pl.program_id(0), out_ref.shape[1])
+    rows, Dp = pl.ds(i * n_rows, n_rows), out_ref.shape[2]
+    first, last = jnp.maximum(c - (W - 1), 0), jnp.minimum(c + 1, width)  # its windows' k
 
     def columns_block(j, acc):
         columns = pl.ds(j * n_columns, n_columns)
-        g = _share(words_ref, share_ref, w, rows, columns, dtype)
-        return acc + _product(g, bank_ref[:, columns], (1, 1))
+        share = share_ref[rows, columns]
+        words = [words_ref[m, rows, columns] for m in range(words_ref.shape[0])]
 
-    acc = jnp.zeros((n_rows, bank_ref.shape[0]), jnp.float32)
-    out_ref[w, rows, :] = jax.lax.fori_loop(0, share_ref.shape[1] // n_columns, columns_block, acc)
+        def window(k, acc):
+            at, bit = _bit(c - k)
+            word = functools.reduce(lambda a, m: jnp.where(at == m, words[m], a), range(1, len(words)), words[0])
+            g = jnp.where((word & bit) != 0, share, 0).astype(dtype)
+            return acc + _product(g, bank_ref[pl.ds(pl.multiple_of(k * Dp, Dp), Dp), columns], (1, 1))
+
+        return jax.lax.fori_loop(first, last, window, acc)
+
+    acc = jnp.zeros((n_rows, Dp), jnp.float32)
+    out_ref[rows, c, :] = jax.lax.fori_loop(0, share_ref.shape[1] // n_columns, columns_block, acc)
 
 
 def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_rows, n_columns, dtype):
@@ -292,52 +308,64 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
     )
 
 
-def window_gradients(
-    share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, dtype: str, block: Block | None = None
+def character_gradients(
+    share_NF: jax.Array,
+    words_MNF: jax.Array,
+    bank_KF: jax.Array,
+    W: int,
+    width: int,
+    D: int,
+    dtype: str,
+    block: Block | None = None,
 ) -> jax.Array:
     """The max's gradient (its share of each max (N, F) in `dtype`, the bits of `max_and_ties`)
-    times the filter bank's transpose: the windows' gradient (W, N, K) float32."""
-    N, F, K = *share_NF.shape, bank_KF.shape[0]
+    times the filter bank's transpose, summed into the characters' gradient (W + width - 1
+    characters of `width`-character windows of D-wide characters, the first width * D rows of
+    the bank; character c the sum of window c - k's k-th D rows, as token_encoder._characters
+    sums them) float32: on a GPU (N, C, D), on a TPU (`tiled()`) (C, D, N). The windows'
+    gradient (W, N, K) never in device memory (on a TPU summed in VMEM)."""
+    N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
     n_rows, n_columns = _within(block or chosen_block(WINDOWS, W, K, F, dtype), N, F)
-    out_shape = like(share_NF, (W, N, K), jnp.float32)
-    return _call(
-        lambda *refs: _window_gradient_kernel(*refs, W=W, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
+    C = W + width - 1
+    if kernel_calls.tiled():
+        out_shape = like(share_NF, (C, D, N), jnp.float32)
+        return _call(
+            functools.partial(_tiled_character_gradient_kernel, D=D, dtype=dtype),
+            WINDOWS,
+            (N // n_rows, F // n_columns),
+            [
+                pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
+                pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
+                pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
+            ],
+            pl.BlockSpec((C, D, n_rows), lambda i, j: (0, 0, i)),
+            out_shape,
+            2 * W * N * K * F,
+            (share_NF, words_MNF, bank_KF),
+            nbytes(share_NF, words_MNF, out_shape) + N // n_rows * nbytes(bank_KF),  # the bank once per block of rows
+            ("parallel", "arbitrary"),
+            [pltpu.VMEM((W, K, n_rows), jnp.float32)],
+        )
+    # GPU: each character's D rows of the bank in Dp = a power of two >= 16 (Triton's smallest dot
+    # dimension), zero-padded where D is narrower (the published models' 16 need no copy).
+    Dp = kernel_calls.padded(D)
+    if Dp != D:
+        bank_KF = jnp.pad(bank_KF[: width * D].reshape(width, D, F), ((0, 0), (0, Dp - D), (0, 0)))
+        bank_KF = bank_KF.reshape(width * Dp, F)
+    out_shape = like(share_NF, (N, C, Dp), jnp.float32)
+    out = _call(
+        functools.partial(
+            _character_gradient_kernel, W=W, width=width, n_rows=n_rows, n_columns=n_columns, dtype=dtype
+        ),
         WINDOWS,
-        (N // n_rows * W,),
+        (N // n_rows * C,),
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
         out_shape,
-        2 * W * N * K * F,
+        2 * W * width * N * Dp * F,  # each window's width characters: its K - width * Dp zero rows left out
         (share_NF, words_MNF, bank_KF),
     )
-
-
-def character_gradients(
-    share_NF: jax.Array, words_MNF: jax.Array, bank_KF: jax.Array, W: int, width: int, D: int, dtype: str
-) -> jax.Array:
-    """On a TPU (`tiled()`), `window_gradients` summed into the characters' gradient in VMEM:
-    (W + width - 1, D, N) float32 for `width`-character windows of D-wide characters (the
-    first width * D rows of the bank), the windows' (W, K, N) never in device memory."""
-    N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
-    n_rows, n_columns = _within(chosen_block(WINDOWS, W, K, F, dtype), N, F)
-    out_shape = like(share_NF, (W + width - 1, D, N), jnp.float32)
-    return _call(
-        functools.partial(_tiled_character_gradient_kernel, D=D, dtype=dtype),
-        WINDOWS,
-        (N // n_rows, F // n_columns),
-        [
-            pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
-            pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
-            pl.BlockSpec((K, n_columns), lambda i, j: (0, j)),
-        ],
-        pl.BlockSpec((W + width - 1, D, n_rows), lambda i, j: (0, 0, i)),
-        out_shape,
-        2 * W * N * K * F,
-        (share_NF, words_MNF, bank_KF),
-        nbytes(share_NF, words_MNF, out_shape) + N // n_rows * nbytes(bank_KF),  # the bank once per block of rows
-        ("parallel", "arbitrary"),
-        [pltpu.VMEM((W, K, n_rows), jnp.float32)],
-    )
+    return out if Dp == D else out[:, :, :D]
 
 
 def filter_gradients(
@@ -460,9 +488,10 @@ def _probe(
     """`kernel` at `block`, over one block of words."""
     windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
     words = operand((-(-W // 32), ROWS, F), jnp.uint32)
+    width = K // 16  # characters of 16 (the published models' D; a narrower D is padded to it)
     probes: kernel_calls.Probes = {
         MAX: (lambda w, b, last: max_and_ties(w, b, last, dtype, block), (windows, bank, operand((F,), jnp.int32))),
-        WINDOWS: (lambda s, bits, b: window_gradients(s, bits, b, W, dtype, block), (share, words, bank)),
+        WINDOWS: (lambda s, bits, b: character_gradients(s, bits, b, W, width, 16, dtype, block), (share, words, bank)),
         FILTERS: (lambda w, s, bits: filter_gradients(w, s, bits, dtype, block), (windows, share, words)),
     }
     return {kernel: probes[kernel]}

@@ -214,12 +214,9 @@ def _conv_max_backward(dtype, kernels, residuals, g_NF):
         W, Np = windows.shape[0], ties_MNF.shape[1]
         share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
         dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
-        if kernel_calls.tiled():  # the characters' gradient (C, D, N) from the kernel
-            dx_CDN = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype)
-            dx = jnp.transpose(dx_CDN[:, :, :N], (2, 0, 1))
-        else:
-            d_windows = char_kernels.window_gradients(share_NF, ties_MNF, bank, W, dtype)[:, :N, : widest * D]
-            dx = jnp.swapaxes(_characters(d_windows, widest, D, axis=0), 0, 1)
+        # The characters' gradient from the kernel: (N, C, D), on a TPU (C, D, N).
+        dx = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype)
+        dx = jnp.transpose(dx[:, :, :N], (2, 0, 1)) if kernel_calls.tiled() else dx[:N]
     else:
         W = windows.shape[1]
         g_NWF = _split_among_ties(ties_MNF, g_NF, W, dtype)
