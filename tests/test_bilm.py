@@ -220,7 +220,7 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block", [(64, 128), (16, 32)])
-def test_the_char_cnn_gpu_kernels_sum_characters_narrower_than_a_dot(dtype, block, monkeypatch):
+def test_the_char_cnn_gpu_kernels_sum_characters_narrower_than_a_dot_over_many_blocks(dtype, block, monkeypatch):
     """The GPU's character gradient kernel (`char_kernels.character_gradients`: a program a block
     of words and a character, the sum over the windows that hold it) where the characters are
     8 wide (the demo's), each window's character padded to Triton's smallest dot dimension (16),
