@@ -219,17 +219,18 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("block", [(64, 128), (16, 32)])
-def test_the_char_cnn_gpu_kernels_sum_characters_narrower_than_a_dot_over_many_blocks(dtype, block, monkeypatch):
+@pytest.mark.parametrize("D, block", [(8, (64, 128)), (24, (16, 32))])
+def test_the_char_cnn_gpu_kernels_sum_characters_of_any_width_over_many_blocks(dtype, D, block, monkeypatch):
     """The GPU's character gradient kernel (`char_kernels.character_gradients`: a program a block
-    of words and a character, the sum over the windows that hold it) where the characters are
-    8 wide (the demo's), each window's character padded to Triton's smallest dot dimension (16),
-    widths 5 and 3 (the widest filter's windows past the word's end read the padding that lets
-    the narrowest's last positions in), against XLA's path as above."""
+    of words, a character and 16 of its columns, the sum over the windows that hold it) where
+    the characters are 8 wide (the demo's: padded to Triton's smallest dot dimension, 16) or 24
+    (two programs a character, the second's columns half padding), widths 5 and 3 (the widest
+    filter's windows past the word's end read the padding that lets the narrowest's last
+    positions in), against XLA's path as above."""
     from elmo_jax.model import char_kernels
 
     monkeypatch.setattr(char_kernels, "BLOCKS", (block,))
-    _check_char_kernels_against_xla(dtype, D=8, widths=((5, 120), (3, 80)))
+    _check_char_kernels_against_xla(dtype, D=D, widths=((5, 120), (3, 80)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -810,7 +810,7 @@ def test_the_softmax_kernels_on_a_gpu_need_rows_a_power_of_two_wide(caplog):
 @pytest.mark.parametrize("name", GPUS)
 def test_the_char_cnn_kernels_choose_blocks_that_fit_each_gpu(name, dtype):
     """Triton stages a block's operands in the GPU's shared memory: the published sizes' largest
-    block asks an H200 for 360,448 bytes in float32 (232,448 there) and an A100 for 294,912 (166,912).
+    block of the filter gradients asks an A100 for 229,376 bytes in float32 (166,912 there).
     Each kernel takes the largest block whose kernel compiles for the target; on an H200 in
     bfloat16 (the measured program) that is the largest of all."""
     _need_plugin()
@@ -831,8 +831,8 @@ def test_the_char_cnn_kernels_choose_blocks_that_fit_each_gpu(name, dtype):
             assert all(char_kernels._refusal(kernel, b, *PUBLISHED_CHAR_CNN, dtype) for b in larger), (kernel, block)
     if (name, dtype) == ("h200", "bfloat16"):
         assert set(chosen.values()) == {char_kernels.BLOCKS[0]}
-    if dtype == "float32":  # the block of bfloat16 on an H200 does not fit float32's operands
-        assert chosen[char_kernels.WINDOWS] != char_kernels.BLOCKS[0]
+    if (name, dtype) == ("a100", "float32"):  # the largest block's float32 windows do not fit
+        assert chosen[char_kernels.FILTERS] != char_kernels.BLOCKS[0]
 
 
 def test_a_gpu_too_small_for_the_char_cnn_kernels_gets_xlas_with_one_warning_or_a_one_line_refusal(caplog):

@@ -51,6 +51,7 @@ ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, 
 # (words, filters) of a block, tried in this order on a GPU until one fits its shared memory (`chosen_block`).
 BLOCKS = ((ROWS, COLUMNS), (32, 128), (64, 64), (32, 64), (16, 64), (16, 32))
 Block = tuple[int, int]  # (words, filters) of a grid program
+DOT = 16  # Triton's smallest dot dimension: the character gradients' columns a GPU program
 CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: filter blocks x chunks)
 # A TPU block's words and filters, at most (`tiled()`; the filter gradient's: all filters), and the
 # VMEM its pipeline may take (double-buffered blocks and each position's products: under 20 MB at
@@ -113,13 +114,16 @@ def _max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
 
 
 def _character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, width, n_rows, n_columns, dtype):
-    # Program (i, c): character c's gradient of a block of words (rows, Dp), the sum over the
-    # windows w = c - k that hold it as their k-th character (0 <= k < width, 0 <= w < W) of the
-    # max's gradient at w times the bank's k-th Dp rows. A block of words' characters side by
-    # side: its share and bits read once from device memory (and once a column block from L2
-    # for all of the character's windows).
-    i, c = _divmod(pl.program_id(0), out_ref.shape[1])
-    rows, Dp = pl.ds(i * n_rows, n_rows), out_ref.shape[2]
+    # Program (i, c, q): columns q * DOT.. of character c's gradient of a block of words (rows,
+    # DOT), the sum over the windows w = c - k that hold it as their k-th character (0 <= k <
+    # width, 0 <= w < W) of the max's gradient at w times those columns of the bank's k-th Dp
+    # rows. A block of words' programs side by side: its share and bits read once from device
+    # memory (and from L2 by the others). A program's operands are the same for every D, so a
+    # block that fits for D = DOT fits for all (`_probe`).
+    C, Dp = out_ref.shape[1], out_ref.shape[2]
+    i, cq = _divmod(pl.program_id(0), C * (Dp // DOT))
+    c, q = _divmod(cq, Dp // DOT)
+    rows = pl.ds(i * n_rows, n_rows)
     first, last = jnp.maximum(c - (W - 1), 0), jnp.minimum(c + 1, width)  # its windows' k
 
     def columns_block(j, acc):
@@ -131,12 +135,14 @@ def _character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, wi
             at, bit = _bit(c - k)
             word = functools.reduce(lambda a, m: jnp.where(at == m, words[m], a), range(1, len(words)), words[0])
             g = jnp.where((word & bit) != 0, share, 0).astype(dtype)
-            return acc + _product(g, bank_ref[pl.ds(pl.multiple_of(k * Dp, Dp), Dp), columns], (1, 1))
+            return acc + _product(g, bank_ref[pl.ds(pl.multiple_of(k * Dp + q * DOT, DOT), DOT), columns], (1, 1))
 
         return jax.lax.fori_loop(first, last, window, acc)
 
-    acc = jnp.zeros((n_rows, Dp), jnp.float32)
-    out_ref[rows, c, :] = jax.lax.fori_loop(0, share_ref.shape[1] // n_columns, columns_block, acc)
+    acc = jnp.zeros((n_rows, DOT), jnp.float32)
+    out_ref[rows, c, pl.ds(pl.multiple_of(q * DOT, DOT), DOT)] = jax.lax.fori_loop(
+        0, share_ref.shape[1] // n_columns, columns_block, acc
+    )
 
 
 def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_rows, n_columns, dtype):
@@ -346,9 +352,9 @@ def character_gradients(
             ("parallel", "arbitrary"),
             [pltpu.VMEM((W, K, n_rows), jnp.float32)],
         )
-    # GPU: each character's D rows of the bank in Dp = a power of two >= 16 (Triton's smallest dot
-    # dimension), zero-padded where D is narrower (the published models' 16 need no copy).
-    Dp = kernel_calls.padded(D)
+    # GPU: each character's D rows of the bank in Dp = whole DOTs, zero-padded where D is not (the
+    # published models' 16 need no copy).
+    Dp = kernel_calls.whole_blocks(D, DOT)
     if Dp != D:
         bank_KF = jnp.pad(bank_KF[: width * D].reshape(width, D, F), ((0, 0), (0, Dp - D), (0, 0)))
         bank_KF = bank_KF.reshape(width * Dp, F)
@@ -358,7 +364,7 @@ def character_gradients(
             _character_gradient_kernel, W=W, width=width, n_rows=n_rows, n_columns=n_columns, dtype=dtype
         ),
         WINDOWS,
-        (N // n_rows * C,),
+        (N // n_rows * C * (Dp // DOT),),
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
         out_shape,
@@ -488,10 +494,13 @@ def _probe(
     """`kernel` at `block`, over one block of words."""
     windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
     words = operand((-(-W // 32), ROWS, F), jnp.uint32)
-    width = K // 16  # characters of 16 (the published models' D; a narrower D is padded to it)
+    width = K // DOT  # characters of DOT: the character gradients' programs are the same for every D
     probes: kernel_calls.Probes = {
         MAX: (lambda w, b, last: max_and_ties(w, b, last, dtype, block), (windows, bank, operand((F,), jnp.int32))),
-        WINDOWS: (lambda s, bits, b: character_gradients(s, bits, b, W, width, 16, dtype, block), (share, words, bank)),
+        WINDOWS: (
+            lambda s, bits, b: character_gradients(s, bits, b, W, width, DOT, dtype, block),
+            (share, words, bank),
+        ),
         FILTERS: (lambda w, s, bits: filter_gradients(w, s, bits, dtype, block), (windows, share, words)),
     }
     return {kernel: probes[kernel]}
