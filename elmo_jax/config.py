@@ -141,7 +141,8 @@ class ModelConfig(ComputeSettings):
         if self.lstm_cell in ("pallas", "fused") and (self.lstm_schedule != "wavefront" or self.lstm.n_layers < 2):
             raise UserError(
                 f"{source}: lstm_cell {self.lstm_cell!r} runs in the wavefront schedule: it needs lstm_schedule "
-                "'wavefront', named ('auto' is 'layers' on CPUs), and 2+ layers"
+                "'wavefront', named (--config.train.lstm_schedule=wavefront: 'auto' is decided by the device, "
+                "after the settings are checked), and 2+ layers"
             )
         if self.token_ids == "bytes":
             if self.char_cnn.n_characters != N_CHARACTERS:

@@ -99,3 +99,20 @@ def test_a_kernel_of_ours_that_never_ran_on_a_device_is_named_whatever_the_targe
     (line,) = _never_run_lines(found)
     assert line.startswith("never run on a device: lstm_fused_cell (with matmuls), char_cnn_max (no matmuls):")
     assert _never_run_lines({}) == []
+
+
+def test_a_measured_kernel_of_ours_whose_code_changed_since_is_said_to_have_changed():
+    """The pallas class's rate was fitted on our LSTM cell's kernels as they were then: where they
+    are in a program, plan says their code has changed since, not that they are measured."""
+    from elmo_jax.plan.rates import changed_since_measured
+    from elmo_jax.plan.report import _changed_lines
+
+    def ours(name: str) -> Kernel:
+        source = f"jit(train_step)/jvp()/lstm/while/body/{name}/pallas_call"
+        return Kernel(name, "custom-call", "LSTM loops", 21, 0.0, 1e6, "", source, kind="pallas")
+
+    program = [ours("lstm_backward_cell"), ours("lstm_forward_cell"), ours("char_cnn_max"), _kernel("matmul", 1e9, 1e6)]
+    assert changed_since_measured(program) == ["lstm_backward_cell", "lstm_forward_cell"]
+    (line,) = _changed_lines(changed_since_measured(program))
+    assert line.startswith("changed since their measured run: lstm_backward_cell, lstm_forward_cell (")
+    assert changed_since_measured([ours("char_cnn_max")]) == [] and _changed_lines([]) == []

@@ -46,6 +46,12 @@ MEASURED_TARGETS = ("h200",)
 # "pallas cell" runs): the pallas class's rate is fitted on them alone. Any other kernel of ours
 # (the char CNN's, a fused matmul's) has never run on a device: its expected time borrows that rate.
 MEASURED_PALLAS = ("lstm_forward_cell", "lstm_forward_output", "lstm_backward_cell", "lstm_backward_output")
+# How their code changed since that run (plan says so where they are in a program): their numbers
+# since are checked only interpreted on a CPU, and the rate fitted on them is their old code's.
+CHANGED_SINCE_MEASURED = (
+    "no kernel of XLA's between them (ef2aa99, 2026-12-04); the backward computes the cell of step s "
+    "again instead of reading it (ce4dea1, 2026-12-06)"
+)
 
 
 def feature_of(kernel: Kernel, target) -> str | None:
@@ -141,6 +147,12 @@ def never_run(kernels: list[Kernel]) -> dict[str, float]:
         if k.kind == "pallas" and (name := pallas_name(k)) not in MEASURED_PALLAS:
             out[name] = out.get(name, 0.0) + k.runs * k.flops
     return out
+
+
+def changed_since_measured(kernels: list[Kernel]) -> list[str]:
+    """Our Pallas kernels of the program that the measured runs had, in code changed since
+    (CHANGED_SINCE_MEASURED), by name."""
+    return sorted({name for k in kernels if k.kind == "pallas" and (name := pallas_name(k)) in MEASURED_PALLAS})
 
 
 def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None:

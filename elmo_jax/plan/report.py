@@ -58,6 +58,7 @@ def estimate(step: CompiledStep, target: Target) -> dict:
         "char_blocks": step.char_blocks,
         "softmax_kernel": step.softmax_kernel,
         "never_run": rates.never_run(kernels),
+        "changed_since_measured": rates.changed_since_measured(kernels),
         "compile_s": round(step.compile_s, 1),
         "kernels": {
             "per_step": sum(k.runs for k in kernels),
@@ -97,9 +98,9 @@ _LSTM_CELLS = {"pallas": ", Pallas LSTM cell", "fused": ", Pallas LSTM cell with
 
 
 def _char_cnn(result: dict) -> str:
-    """ ", Pallas char CNN" with its kernels' blocks, or ""."""
+    """ ", Pallas char CNN" with its kernels' blocks, or ", XLA's char CNN"."""
     if result["char_conv"] != "pallas":
-        return ""
+        return ", XLA's char CNN"
     blocks = ", ".join(
         f"{kernel.removeprefix('char_cnn_').replace('_', ' ')} {rows} x {columns}"
         for kernel, (rows, columns) in result.get("char_blocks", {}).items()
@@ -141,6 +142,8 @@ def describe(result: dict, target: Target) -> list[str]:
         f"hours",
         *_expected_lines(r["expected"]),
         *_never_run_lines(r["never_run"]),
+        *_changed_lines(r.get("changed_since_measured", [])),
+        *_fused_lines(r["lstm_cell"]),
         f"those hours: {r['devices']} device(s) at a global batch of {r['global_batch']:,} rows "
         f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.1f}x the paper's {RECIPE_GLOBAL_BATCH})",
         *large_batch_note(r["global_batch"]),
@@ -189,6 +192,27 @@ def _never_run_lines(never_run: dict[str, float]) -> list[str]:
         f"never run on a device: {names}: their numbers are checked only interpreted on a CPU (the tests), and an "
         f"expected time borrows the rate of the Pallas class, fitted on our LSTM cell's kernels "
         f"({', '.join(rates.MEASURED_PALLAS)}), which have no matmuls"
+    ]
+
+
+def _changed_lines(changed: list[str]) -> list[str]:
+    """Our measured kernels in the program whose code has changed since their measured run."""
+    if not changed:
+        return []
+    return [
+        f"changed since their measured run: {', '.join(changed)} ({rates.CHANGED_SINCE_MEASURED}): their numbers "
+        "since are checked only interpreted on a CPU, and the Pallas class's rate is their old code's"
+    ]
+
+
+def _fused_lines(lstm_cell: str) -> list[str]:
+    """What the bytes and FLOPs of lstm_cell=fused leave out, and why it is not the default."""
+    if lstm_cell != "fused":
+        return []
+    return [
+        "lstm_cell=fused: its backward kernel reads W's part from L2 once per 32-row block and computes a block's "
+        "gradients again for each of 8 blocks of the product's columns, which neither the bytes nor the FLOPs "
+        "here count; not the default until benchmarks/gpu.sh has timed it on a GPU"
     ]
 
 
