@@ -219,18 +219,19 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("D, block", [(8, (64, 128)), (24, (16, 32))])
-def test_the_char_cnn_gpu_kernels_sum_characters_of_any_width_over_many_blocks(dtype, D, block, monkeypatch):
+@pytest.mark.parametrize("D, C, block", [(8, 40, (64, 128)), (24, 34, (16, 32))])
+def test_the_char_cnn_gpu_kernels_sum_characters_of_any_width_over_many_blocks(dtype, D, C, block, monkeypatch):
     """The GPU's character gradient kernel (`char_kernels.character_gradients`: a program a block
     of words, a character and 16 of its columns, the sum over the windows that hold it) where
     the characters are 8 wide (the demo's: padded to Triton's smallest dot dimension, 16) or 24
     (two programs a character, the second's columns half padding), widths 5 and 3 (the widest
     filter's windows past the word's end read the padding that lets the narrowest's last
-    positions in), against XLA's path as above."""
+    positions in), words of 40 characters and of 34 (32 positions: their bits fill one word),
+    against XLA's path as above."""
     from elmo_jax.model import char_kernels
 
     monkeypatch.setattr(char_kernels, "BLOCKS", (block,))
-    _check_char_kernels_against_xla(dtype, D=D, widths=((5, 120), (3, 80)))
+    _check_char_kernels_against_xla(dtype, D=D, widths=((5, 120), (3, 80)), C=C)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -251,11 +252,11 @@ def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, mo
     _check_char_kernels_against_xla(dtype)
 
 
-def _check_char_kernels_against_xla(dtype: str, D: int = 16, widths=((4, 120), (2, 80))):
+def _check_char_kernels_against_xla(dtype: str, D: int = 16, widths=((4, 120), (2, 80)), C: int = 40):
     from elmo_jax.model.token_encoder import _conv_max
 
     rng = np.random.default_rng(1)
-    N, C = 200, 40
+    N = 200
     x = jnp.asarray(rng.integers(-1, 2, size=(N, C, D)), dtype)
     ws = [jnp.asarray(rng.integers(-1, 2, size=(width, D, n)), jnp.float32) for width, n in widths]
     g = jnp.asarray(rng.normal(size=(N, 200)), jnp.float32)

@@ -294,7 +294,7 @@ def test_our_char_cnn_kernels_keep_the_convolutions_values_on_chip(planned, plan
     (xla, xla_text), (plan, text) = planned, planned_ours
     assert (plan["char_conv"], xla["char_conv"]) == ("pallas", "xla")
     kernels = Program(text).kernels()
-    for name in ("char_cnn_max", "char_cnn_window_gradients", "char_cnn_filter_gradients"):
+    for name in ("char_cnn_max", "char_cnn_character_gradients", "char_cnn_filter_gradients"):
         (ours,) = [k for k in kernels if name in k.source]
         assert ours.dtype == "bf16" and ours.flops > 0 and ours.bytes > 0
 
@@ -740,7 +740,7 @@ def test_the_published_models_default_train_step_compiles_for_every_gpu(tmp_path
     plan = json.loads(result.stdout.strip().splitlines()[-1])
     assert (plan["lstm_cell"], plan["char_conv"]) == ("pallas" if lstm_cell == "auto" else "fused", "pallas")
     assert sorted(plan["char_blocks"]) == sorted(
-        ("char_cnn_max", "char_cnn_window_gradients", "char_cnn_filter_gradients")
+        ("char_cnn_max", "char_cnn_character_gradients", "char_cnn_filter_gradients")
     )
     assert plan["memory"]["needs"] < plan["memory"]["capacity"]
 
@@ -831,7 +831,7 @@ def test_the_char_cnn_kernels_choose_blocks_that_fit_each_gpu(name, dtype):
             assert all(char_kernels._refusal(kernel, b, *PUBLISHED_CHAR_CNN, dtype) for b in larger), (kernel, block)
     if (name, dtype) == ("h200", "bfloat16"):
         assert set(chosen.values()) == {char_kernels.BLOCKS[0]}
-    if (name, dtype) == ("a100", "float32"):  # the largest block's float32 windows do not fit
+    if (name, dtype) == ("a100", "float32"):  # the filter gradients' float32 windows do not fit the largest block
         assert chosen[char_kernels.FILTERS] != char_kernels.BLOCKS[0]
 
 

@@ -11,7 +11,7 @@ of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memo
   max's gradient at each position (its share where the position's bit is set, else 0) built
   block by block from those bits; the first summed over the windows that hold each character
   into the characters' gradient (C, D) a word, the windows' (W, K) never in device memory (on a
-  GPU a program a block of words and a character, on a TPU in VMEM).
+  GPU a program a block of words, a character and 16 of its columns, on a TPU in VMEM).
 
 Operands: windows (W, N, K) in the compute dtype (position-major, on a TPU (W, K, N); K the
 widest filter's window, zero-padded to a power of two), the filter bank (K, F), F and N padded
@@ -53,7 +53,7 @@ BLOCKS = ((ROWS, COLUMNS), (32, 128), (64, 64), (32, 64), (16, 64), (16, 32))
 Block = tuple[int, int]  # (words, filters) of a grid program
 DOT = 16  # Triton's smallest dot dimension: the character gradients' columns a GPU program
 CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: filter blocks x chunks)
-# A TPU block's words and filters, at most (`tiled()`; the filter gradient's: all filters), and the
+# A TPU block's words and filters, at most (`kernel_calls.tiled()`; the filter gradient's: all filters), and the
 # VMEM its pipeline may take (double-buffered blocks and each position's products: under 20 MB at
 # the published size, float32).
 TILED_ROWS, TILED_COLUMNS = 256, 512
@@ -201,7 +201,7 @@ def _tiled_share(words_ref, share, m: int, s, dtype):
     return jnp.where((words_ref[m] & bit) != 0, share, 0).astype(dtype)
 
 
-def _tiled_character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, windows_ref, *, D, dtype):
+def _tiled_character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, windows_ref, *, D, width, dtype):
     # TPU: grid (row blocks, column blocks), the column blocks summed into the windows' gradient
     # (W, K, rows) in VMEM; after the last, the characters' (C, D, rows), character c the sum of
     # window c - k's k-th D rows (as token_encoder._characters sums them).
@@ -220,7 +220,7 @@ def _tiled_character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, wi
     @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
     def _():
         for c in range(C):
-            parts = [windows_ref[c - k, k * D : (k + 1) * D, :] for k in range(C - W + 1) if 0 <= c - k < W]
+            parts = [windows_ref[c - k, k * D : (k + 1) * D, :] for k in range(width) if 0 <= c - k < W]
             out_ref[c] = functools.reduce(jnp.add, parts)
 
 
@@ -243,7 +243,7 @@ def _call(
 ):
     """pallas_call of `kernel` over `grid` on `args`, declaring its FLOPs and the bytes it moves
     (`touched`; by default each operand and result once). `semantics`: a TPU grid's dimension
-    semantics (its kernels, `tiled()`), `scratch` its VMEM scratch."""
+    semantics (its kernels, `kernel_calls.tiled()`), `scratch` its VMEM scratch."""
     refuse_where_unable("char_conv", args[0], on_tpu=True)
     if touched is None:
         touched = nbytes(*args, *jax.tree.leaves(out_shape))
@@ -323,21 +323,23 @@ def character_gradients(
     D: int,
     dtype: str,
     block: Block | None = None,
+    C: int | None = None,
 ) -> jax.Array:
     """The max's gradient (its share of each max (N, F) in `dtype`, the bits of `max_and_ties`)
-    times the filter bank's transpose, summed into the characters' gradient (W + width - 1
-    characters of `width`-character windows of D-wide characters, the first width * D rows of
-    the bank; character c the sum of window c - k's k-th D rows, as token_encoder._characters
-    sums them) float32: on a GPU (N, C, D), on a TPU (`tiled()`) (C, D, N). The windows'
-    gradient (W, N, K) never in device memory (on a TPU summed in VMEM)."""
+    times the filter bank's transpose, summed into the characters' gradient (the first C of the
+    W + width - 1 characters of `width`-character windows of D-wide characters (all by default),
+    the first width * D rows of the bank; character c the sum of window c - k's k-th D rows, as
+    token_encoder._characters sums them) float32: on a GPU (N, C, D), on a TPU
+    (`kernel_calls.tiled()`) (C, D, N). The windows' gradient (W, N, K) never in device memory
+    (on a TPU summed in VMEM)."""
     N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
-    n_rows, n_columns = _within(block or chosen_block(WINDOWS, W, K, F, dtype), N, F)
-    C = W + width - 1
+    n_rows, n_columns = _within(block or chosen_block(CHARACTERS, W, K, F, dtype), N, F)
+    C = W + width - 1 if C is None else C
     if kernel_calls.tiled():
         out_shape = like(share_NF, (C, D, N), jnp.float32)
         return _call(
-            functools.partial(_tiled_character_gradient_kernel, D=D, dtype=dtype),
-            WINDOWS,
+            functools.partial(_tiled_character_gradient_kernel, D=D, width=width, dtype=dtype),
+            CHARACTERS,
             (N // n_rows, F // n_columns),
             [
                 pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
@@ -363,12 +365,13 @@ def character_gradients(
         functools.partial(
             _character_gradient_kernel, W=W, width=width, n_rows=n_rows, n_columns=n_columns, dtype=dtype
         ),
-        WINDOWS,
+        CHARACTERS,
         (N // n_rows * C * (Dp // DOT),),
         [pl.no_block_spec] * 3,
         pl.no_block_spec,
         out_shape,
-        2 * W * width * N * Dp * F,  # each window's width characters: its K - width * Dp zero rows left out
+        # Each character's windows' products of Dp bank rows (a character's D padded to whole DOTs).
+        2 * sum(min(c + 1, width) - max(c - W + 1, 0) for c in range(C)) * N * Dp * F,
         (share_NF, words_MNF, bank_KF),
     )
     return out if Dp == D else out[:, :, :D]
@@ -378,7 +381,7 @@ def filter_gradients(
     windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str, block: Block | None = None
 ) -> jax.Array:
     """The windows' transpose (as `max_and_ties` takes them) times the max's gradient (as
-    `window_gradients`): the filter bank's gradient (K, F) float32, summed over words in (at
+    `character_gradients` takes it): the filter bank's gradient (K, F) float32, summed over words in (at
     most) CHUNKS partial sums."""
     W, N, K = _sizes(windows_WNK)
     F, M = share_NF.shape[1], words_MNF.shape[0]
@@ -417,8 +420,8 @@ def filter_gradients(
     return partial.sum(axis=0)
 
 
-MAX, WINDOWS, FILTERS = "char_cnn_max", "char_cnn_window_gradients", "char_cnn_filter_gradients"
-KERNELS = (MAX, WINDOWS, FILTERS)
+MAX, CHARACTERS, FILTERS = "char_cnn_max", "char_cnn_character_gradients", "char_cnn_filter_gradients"
+KERNELS = (MAX, CHARACTERS, FILTERS)
 
 
 def _sizes(windows: jax.Array) -> tuple[int, int, int]:
@@ -482,8 +485,10 @@ def unfit(W: int, K: int, F: int, dtype: str) -> str | None:
 def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> str | None:
     """The compiler's reason why `kernel` at `block` cannot run on the device the model is traced
     for (`kernel_calls.refusal`), or None where it compiles: compiled alone over one block of
-    words, whatever the width W: a block's operands are staged one position at a time, so the
-    first width asked for answers for all (the train step asks at the widest before it is
+    words, whatever the width W: a block's operands in shared memory are one position's (the
+    positions' bits, ceil(W / 32) words, are held in registers: compiled for an A100 in float32 at
+    W = 3, 50, 200 and 400, each kernel fit or was refused alike, 2026-12-06), so the first width
+    asked for answers for all (the train step asks at the widest before it is
     traced: token_encoder.resolved)."""
     return kernel_calls.refusal((kernel, block, K, F, dtype), functools.partial(_probe, kernel, block, W, K, F, dtype))
 
@@ -497,7 +502,7 @@ def _probe(
     width = K // DOT  # characters of DOT: the character gradients' programs are the same for every D
     probes: kernel_calls.Probes = {
         MAX: (lambda w, b, last: max_and_ties(w, b, last, dtype, block), (windows, bank, operand((F,), jnp.int32))),
-        WINDOWS: (
+        CHARACTERS: (
             lambda s, bits, b: character_gradients(s, bits, b, W, width, DOT, dtype, block),
             (share, words, bank),
         ),

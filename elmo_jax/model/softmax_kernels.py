@@ -40,7 +40,7 @@ from elmo_jax.model.matmul import narrow, result_type, widened
 Block = tuple[int, int]  # (rows, candidates) of a tile
 # Tried in this order on a GPU until both kernels compile for it (`chosen_block`).
 BLOCKS = ((64, 128), (64, 64), (32, 64), (32, 32), (16, 32), (16, 16))
-# A TPU tile (`tiled()`): its blocks, double-buffered, and its float32 logits take a few MB of VMEM.
+# A TPU tile (`kernel_calls.tiled()`): its blocks, double-buffered, and its float32 logits take a few MB of VMEM.
 TILED_BLOCK, VMEM_LIMIT = (512, 512), 48 << 20
 LANES = 128  # a TPU's (8, 128) tiles: a column (N, 1) of positions' values (targets, lse, g) is N x 128 wide there
 LSE, GRADIENT = "sampled_softmax_lse", "sampled_softmax_gradient"

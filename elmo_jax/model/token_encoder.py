@@ -215,7 +215,7 @@ def _conv_max_backward(dtype, kernels, residuals, g_NF):
         share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
         dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
         # The characters' gradient from the kernel: (N, C, D), on a TPU (C, D, N).
-        dx = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype)
+        dx = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype, C=W + narrowest - 1)
         dx = jnp.transpose(dx[:, :, :N], (2, 0, 1)) if kernel_calls.tiled() else dx[:N]
     else:
         W = windows.shape[1]
