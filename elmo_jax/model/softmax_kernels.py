@@ -134,7 +134,7 @@ def _tiled_bytes(x) -> int:
 
 def _tile(n: int, most: int) -> int:
     """A tile of n: `most`, or below it the power of two (at least 16) that covers n."""
-    return min(most, max(16, 1 << (n - 1).bit_length()))
+    return min(most, kernel_calls.padded(n))
 
 
 class _Operands:

@@ -120,7 +120,7 @@ def describe(result: dict, target: Target) -> list[str]:
     lines = [
         f"{target.description} x {r['devices']}, {r['per_device_batch']} rows per device x {r['unroll_steps']} steps, "
         f"{r['lstm_schedule']} LSTM schedule{_LSTM_CELLS.get(r['lstm_cell'], '')}"
-        f"{_char_cnn(r)}{', Pallas sampled softmax' if r.get('softmax_kernel') == 'pallas' else ''} "
+        f"{_char_cnn(r)}{', Pallas sampled softmax' if r['softmax_kernel'] == 'pallas' else ''} "
         f"(compiled in {r['compile_s']:.0f} s, without the device)",
         f"kernels per step: {k['per_step']:,} ({k['outside_loops']} outside loops; loop iterations x kernels: {loops})",
         f"device memory: arguments {m['argument'] / GB:.2f} GB, temporaries {m['temp'] / GB:.2f} GB, outputs "
@@ -142,7 +142,7 @@ def describe(result: dict, target: Target) -> list[str]:
         f"hours",
         *_expected_lines(r["expected"]),
         *_never_run_lines(r["never_run"]),
-        *_changed_lines(r.get("changed_since_measured", [])),
+        *_changed_lines(r["changed_since_measured"]),
         *_fused_lines(r["lstm_cell"]),
         f"those hours: {r['devices']} device(s) at a global batch of {r['global_batch']:,} rows "
         f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.1f}x the paper's {RECIPE_GLOBAL_BATCH})",
