@@ -311,3 +311,38 @@ def test_bfloat16_matmul_gradients_are_float32_products():
         assert d.dtype == jnp.float32, name
         error, rounded_error = (np.abs(np.asarray(a, np.float64) - want).max() / np.abs(want).max() for a in (d, r))
         assert error < 1e-6 and rounded_error > 100 * error, (name, error, rounded_error)
+
+
+def test_the_highway_rounds_its_products_on_a_gpu_as_xla_on_cpu_does():
+    """In bfloat16 the highway's products and h's gradient through them come rounded to
+    bfloat16 on accelerators too (`matmul(..., rounded=True)`: half their bytes), as XLA on CPU
+    rounds them: traced for a GPU, the layers' output and input gradient are this CPU's exactly;
+    the weights' gradients stay float32 sums there (rounded to bfloat16 here)."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.token_encoder import highway
+
+    rng = np.random.default_rng(0)
+    N, F = 48, 32
+    layers = {
+        f"layer_{k}": {
+            "W_carry": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
+            "b_carry": jnp.asarray(rng.normal(size=F), jnp.float32),
+            "W_transform": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
+            "b_transform": jnp.asarray(rng.normal(size=F), jnp.float32),
+        }
+        for k in range(2)
+    }
+    h, g = (jnp.asarray(rng.normal(size=(N, F)), jnp.float32) for _ in range(2))
+
+    def run():
+        y, vjp = jax.vjp(lambda layers, h: highway(layers, h, 2, "bfloat16"), layers, h)
+        return y, *vjp(g)
+
+    y_cpu, d_layers_cpu, dh_cpu = run()
+    with tracing_for("gpu"):
+        y_gpu, d_layers_gpu, dh_gpu = run()
+    np.testing.assert_array_equal(y_gpu, y_cpu)
+    np.testing.assert_array_equal(dh_gpu, dh_cpu)
+    d_W_cpu, d_W_gpu = (d["layer_0"]["W_carry"] for d in (d_layers_cpu, d_layers_gpu))
+    assert not np.array_equal(d_W_gpu, d_W_cpu)
+    np.testing.assert_allclose(d_W_gpu, d_W_cpu, rtol=2**-7, atol=2**-7 * np.abs(d_W_cpu).max())

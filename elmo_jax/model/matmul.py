@@ -66,36 +66,39 @@ def rounded_einsum(spec: str, x: jax.Array, w: jax.Array, dtype: str) -> jax.Arr
     return jnp.einsum(spec, narrow(x, dtype), narrow(w, dtype), preferred_element_type=dtype)
 
 
-def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32") -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array, dtype: str = "float32", rounded: bool = False) -> jax.Array:
     """x (..., K) @ w (K, N) -> (..., N) float32. In a narrower dtype its gradients are products
-    in that dtype too, with float32 results (`_narrow_matmul`)."""
+    in that dtype too, with float32 results (`_narrow_matmul`). `rounded`: the result and x's
+    gradient come rounded to `dtype` (as XLA on CPU always rounds them: the same numbers there),
+    half the bytes written and read where they are large; w's gradient stays float32."""
     if dtype == "float32":
         return _product(x, w, dtype)
-    return _narrow_matmul(x, w, dtype, x.dtype.name, w.dtype.name)
+    return _narrow_matmul(x, w, dtype, x.dtype.name, w.dtype.name, rounded)
 
 
-def _product(x: jax.Array, w: jax.Array, dtype: str) -> jax.Array:
-    return widened(jnp.matmul(narrow(x, dtype), narrow(w, dtype), preferred_element_type=result_type(dtype)))
+def _product(x: jax.Array, w: jax.Array, dtype: str, rounded: bool = False) -> jax.Array:
+    out_type = dtype if rounded else result_type(dtype)
+    return widened(jnp.matmul(narrow(x, dtype), narrow(w, dtype), preferred_element_type=out_type))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _narrow_matmul(x: jax.Array, w: jax.Array, dtype: str, x_dtype: str, w_dtype: str) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _narrow_matmul(x: jax.Array, w: jax.Array, dtype: str, x_dtype: str, w_dtype: str, rounded: bool) -> jax.Array:
     """`_product` in `dtype`, differentiated by hand: autodiff's gradients are float32 x `dtype`
     products (TF32 on GPUs, not the bfloat16 tensor cores) rounded to `dtype`, so that a weight's
     gradient was rounded before its sum over devices. Here the output gradient is rounded to
     `dtype` once, and both gradients are `dtype` products with float32 results (XLA on CPU:
-    rounded to `dtype`, see above)."""
-    return _product(x, w, dtype)
+    rounded to `dtype`, see above; x's with `rounded` too)."""
+    return _product(x, w, dtype, rounded)
 
 
-def _narrow_matmul_forward(x, w, dtype, x_dtype, w_dtype):
-    return _product(x, w, dtype), (narrow(x, dtype), narrow(w, dtype))
+def _narrow_matmul_forward(x, w, dtype, x_dtype, w_dtype, rounded):
+    return _product(x, w, dtype, rounded), (narrow(x, dtype), narrow(w, dtype))
 
 
-def _narrow_matmul_backward(dtype, x_dtype, w_dtype, residuals, g):
+def _narrow_matmul_backward(dtype, x_dtype, w_dtype, rounded, residuals, g):
     x, w = residuals
     g = narrow(g, dtype)
-    dx = jnp.matmul(g, w.T, preferred_element_type=result_type(dtype))
+    dx = jnp.matmul(g, w.T, preferred_element_type=dtype if rounded else result_type(dtype))
     batch = tuple(range(x.ndim - 1))
     dw = jnp.tensordot(x, g, axes=(batch, batch), preferred_element_type=result_type(dtype))
     return widened(dx).astype(x_dtype), widened(dw).astype(w_dtype)
