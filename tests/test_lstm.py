@@ -301,12 +301,15 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
     multiplies its block of rows by W 8 bytes of a row at a time (of [inputs; h]'s Q = 8 here: 4
     or 2 partial products added in float32, as a GPU's matmul adds its parts), and its transpose
     in the backward's, whose programs for each 8 bytes of Q's columns compute their block's
-    gradients again, the first of them writing the cell gradient that the others read."""
+    gradients again, the first of them writing the cell gradient that the others read. The
+    backward cell kernel ("pallas") multiplies its block's d_h_raw by W_proj's 8 bytes of P at a
+    time (the gradient of o tanh(c), which the XLA cell gets from a matmul)."""
     from elmo_jax.model import cell_kernels
 
     monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
     monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH_BYTES", 8)
     monkeypatch.setattr(cell_kernels, "_FUSED_BACK_Q_BYTES", 8)
+    monkeypatch.setattr(cell_kernels, "_BACK_DEPTH_BYTES", 8)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
@@ -398,7 +401,7 @@ def test_the_fused_cell_is_refused_where_its_products_are_too_small_for_triton()
     from elmo_jax.model.cell_kernels import gates_and_forward_cell
 
     L, D, B, S, C, Q = 2, 2, 4, 3, 64, 32
-    with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 64, 32\).*use lstm_cell='pallas'"):
+    with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 64, 32\).*use lstm_cell='xla'"):
         gates_and_forward_cell(
             0, jnp.zeros((L, D, B, Q)), jnp.zeros((L, D, 1, Q, 4, C)), b_LDG=jnp.zeros((L, D, 4 * C)),
             c0_LDBC=jnp.zeros((L, D, B, C)), mask_LBS=jnp.ones((L, B, S), jnp.int32),
@@ -409,13 +412,17 @@ def test_the_fused_cell_is_refused_where_its_products_are_too_small_for_triton()
 
 def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
     """lstm_cell='auto' (the default) is the Pallas cell where it was measured faster (a GPU, its
-    default wavefront schedule, 2+ layers) and XLA's cell elsewhere; a cell named is kept."""
+    default wavefront schedule, 2+ layers) and XLA's cell elsewhere, and where the rows a device
+    runs, the cell or the projection are not multiples of 16 (Triton's products in its kernels
+    need blocks of 16 each way); a cell named is kept."""
     from elmo_jax.model.backend import tracing_for
 
     two, one = random_case(2, True)[0], random_case(1, True)[0]
+    wide = dataclasses.replace(two, lstm=dataclasses.replace(two.lstm, dim=32, projection_dim=16))
     assert two.lstm_cell == "auto" and cell(two) == "xla"  # this CPU
     with tracing_for("gpu"):
         assert cell(two) == "pallas"  # "fused" only where named: it has not run on a GPU yet
+        assert (cell(wide, 32), cell(wide, 24), cell(two, 32)) == ("pallas", "xla", "xla")  # two: C = 8, P = 4
         assert cell(dataclasses.replace(two, lstm_cell="fused")) == "fused"
         assert cell(dataclasses.replace(two, lstm_schedule="layers")) == "xla"
         assert cell(one) == "xla"

@@ -161,7 +161,7 @@ def plan_estimate(name: str, device, compiled, B: int, T: int, config: ModelConf
     if chip is None:
         return None
     step = CompiledStep(
-        compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, cell(config), conv(config)
+        compiled.as_text(), memory_of(compiled), B, T, 1, schedule(config), 0.0, cell(config, B), conv(config)
     )
     r = estimate(step, chip)
     keys = ("step_s", "compute_floor_s", "memory_floor_s", "launches_s", "hbm_bytes", "flops")
@@ -315,7 +315,7 @@ def main() -> None:
         "dtype": args.dtype,
         "scan_unroll": args.scan_unroll,
         "lstm_schedule": schedule(config),
-        "lstm_cell": cell(config),
+        "lstm_cell": cell(config, B),
         "char_conv": conv(config),
         "softmax_kernel": softmax_kernel(config),
         "keep_freed_memory": not args.release_freed_memory,

@@ -1,5 +1,5 @@
 """The LSTM cell of the wavefront's training step as Pallas kernels of our own
-(`lstm_cell="pallas"`), two a step each way around the step's matmuls, where XLA's fusions of
+(`lstm_cell="pallas"`), two a step each way around the step's other matmuls, where XLA's fusions of
 the same arithmetic take 8 and 7 and write each save slot with a kernel of its own:
 
 - forward, after the gates' matmul (`forward_cell`): the gate activations, written to their save
@@ -7,13 +7,14 @@ the same arithmetic take 8 and 7 and write each save slot with a kernel of its o
   saved too; after the projection (`forward_output`): its clip and mask, the carried and saved
   h, the layers' outputs with the residual, saved, and the next step's matmul operand
   [inputs; h] with the dropout on the inputs from the layer below;
-- backward, after the projection's transposed matmul (`backward_cell`): the cell the step left,
-  computed again from its activations and the cell before (`cell_math.cell_left`: the cells'
-  save slots are read once a step, at s - 1), the cell's gradient and the gates' gradient,
-  written to its save slot and as the operand of the matmul that carries it back; after that
-  matmul (`backward_output`): the h gradient carried back, the input gradients (saved: layer
-  0's leave the stack, the others are passed down a step later) and the next step's gradient of
-  the unclipped projection.
+- backward (`backward_cell`): the gradient of o * tanh(c), its block of the projection's
+  transposed product (d_h_raw times W_proj's transpose: it never reaches device memory), the
+  cell the step left, computed again from its activations and the cell before
+  (`cell_math.cell_left`: the cells' save slots are read once a step, at s - 1), the cell's
+  gradient and the gates' gradient, written to its save slot and as the operand of the matmul
+  that carries it back; after that matmul (`backward_output`): the h gradient carried back, the
+  input gradients (saved: layer 0's leave the stack, the others are passed down a step later)
+  and the next step's gradient of the unclipped projection.
 
 On GPUs they lower to Triton; elsewhere (this project's tests) Pallas interprets them, to the
 same numbers as the XLA cell (`wavefront._xla_train_loop`, `wavefront._xla_backward_loop`; the arithmetic
@@ -80,6 +81,9 @@ _FUSED_ROWS, _FUSED_COLUMNS, _FUSED_DEPTH_BYTES, _FUSED_WARPS = 128, 64, 128, 8
 # float32), and the cell's columns of each of the 4 gates that it multiplies at a time: the
 # largest whose operands fit an A100's shared memory (compiled alone for A100, H100 and H200).
 _FUSED_BACK_ROWS, _FUSED_BACK_Q_BYTES, _FUSED_BACK_DEPTH, _FUSED_BACK_WARPS = 32, 256, 16, 8
+# The backward cell kernel (`backward_cell`): the bytes of each row of d_h_raw and W_proj that
+# it multiplies at a time (64 columns of P in bfloat16, 32 in float32).
+_BACK_DEPTH_BYTES = 128
 
 
 class _Block:
@@ -214,13 +218,24 @@ def _output_kernel(*, counter, h, mask, h_raw, x, keep, h_slots, outs, rows, cli
     rows[at.rows_of(above), at.columns] = next_inputs.astype(rows.dtype)
 
 
-def _backward_kernel(*, counter, d_a, d_c, c0, mask, acts, cells, d_gate_slots, d_gates, clip, B, D):
+def _backward_kernel(*, W_proj, d_h_raw, counter, d_c, c0, mask, acts, cells, d_gate_slots, d_gates, clip, B, D, depth):
     at = _Block(counter, mask, block=d_c.shape, B=B, D=D, down=True)
     j, part_columns = at.in_parts(d_gates.shape[-1])
+
+    def accumulate(k, total):  # d_a = d_h_raw @ W_proj's transpose, `depth` of the P columns at a time
+        p = pl.ds(k * depth, depth)
+        product = jax.lax.dot_general(
+            d_h_raw[at.rows, p], W_proj[at.ld, at.columns, p], (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )  # fmt: skip
+        return total + product
+
+    d_a = jax.lax.fori_loop(0, d_h_raw.shape[1] // depth, accumulate, jnp.zeros(d_c.shape, jnp.float32))
+    d_a = d_a.astype(d_gates.dtype).astype(jnp.float32)  # rounded as the forward's gates (the XLA cell's product)
     gates = [acts[at.rows, at.s, g, at.columns].astype(jnp.float32) for g in range(4)]
     c_prev = _cell_before(at, c0, cells)
     c_new = cell_left(gates, c_prev, at.ran, clip)  # computed again, not read from slot s
-    d_acts, d_c_prev = cell_gradients(gates, c_new, c_prev, d_a[...].astype(jnp.float32), d_c[...], at.ran, clip)
+    d_acts, d_c_prev = cell_gradients(gates, c_new, c_prev, d_a, d_c[...], at.ran, clip)
     for g, ((slope, _, shift), act, d_act) in enumerate(zip(GATES, gates, d_acts, strict=True)):
         d_gate = activation_gradient(d_act, act, slope, shift).astype(d_gates.dtype)
         d_gates[at.ld, j, at.b, g, part_columns] = d_gate
@@ -388,14 +403,20 @@ def _call(
     return dict(zip(outputs, results))
 
 
+def products_fit(B: int, C: int, P: int) -> bool:
+    """Whether every kernel's products get blocks that Triton's matmuls take (16 or more each
+    way, `_refuse_small_products`) at B rows a device, C cells and a projection of P."""
+    return all(n % 16 == 0 for n in (B, C, P))
+
+
 def _refuse_small_products(*block: int) -> None:
     """A UserError where a kernel's products would run on blocks (rows, columns, depth) that
     Triton's matmuls do not take (a side under 16) on a GPU."""
     if backend() == "gpu" and min(block) < 16:
         raise UserError(
-            f"lstm_cell='fused' multiplies blocks of (rows, columns, depth) {block} here, and Triton's matmuls need "
-            "16 or more each way (rows per device a multiple of 16, the cell and projection multiples of 16): use "
-            "lstm_cell='pallas'"
+            f"lstm_cell='pallas' and 'fused' multiply blocks of (rows, columns, depth) {block} here, and Triton's "
+            "matmuls need 16 or more each way (rows per device a multiple of 16, the cell and projection multiples "
+            "of 16): use lstm_cell='xla' (or 'auto', which picks it for such sizes)"
         )
 
 
@@ -513,24 +534,30 @@ def _forward(
 
 
 def backward_cell(
-    i, d_a_LDBC, d_c_LDBC, *, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, J: int, clip: float | None
-):
+    i, d_h_raw_LDBP, W_proj_LDCP, d_c_LDBC, *, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG, J: int,
+    clip: float | None,
+):  # fmt: skip
     """Step s = S - 1 - i of the wavefront's backward (i: the loop's counter, so that no kernel
-    computes s for this one): the gradient of o * tanh(c) (L, D, B, C) in the compute dtype (the
-    projection's transposed matmul, rounded), the carried cell gradient (L, D, B, C), the initial
-    cell (L, D, B, C: the cell before slot 0), the mask (L, B, S) int32, the forward's saved
+    computes s for this one): the gradient of the unclipped projection d_h_raw (L, D, B, P) and
+    W_proj (L, D, C, P), both in the compute dtype, whose product, the gradient of o * tanh(c),
+    each program computes for its block (a few of the P columns at a time, _BACK_DEPTH_BYTES;
+    rounded to the compute dtype as the XLA cell's product: it never reaches device memory),
+    the carried cell gradient (L, D, B, C), the initial cell (L, D, B, C: the cell before slot
+    0), the mask (L, B, S) int32, the forward's saved
     activations and cells (slot s - 1's read: slot s's cell is computed again from it and slot
     s's activations, as the forward computed it, `cell_math.cell_left`), and the gates'
     gradient's save slots (L, D, B, S, 4C, compute dtype) -> (those slots with slot s written,
     the gates' gradient in the compute dtype, the cell's columns in J parts (L, D, J, B, 4,
     C / J), the cell gradient carried to step s - 1)."""
-    L, D, B, C = d_a_LDBC.shape
+    L, D, B, C = d_c_LDBC.shape
+    P = d_h_raw_LDBP.shape[-1]
     S, R, dtype = acts_LDBSG.shape[3], L * D * B, d_gates_LDBSG.dtype
-    d_a, d_c = d_a_LDBC.reshape(R, C), d_c_LDBC.reshape(R, C)
+    d_h_raw, W_proj, d_c = d_h_raw_LDBP.reshape(R, P), W_proj_LDCP.reshape(L * D, C, P), d_c_LDBC.reshape(R, C)
     acts, cells = acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C)
-    d_gate_slots, d_gates = d_gates_LDBSG.reshape(R, S, 4, C), like(d_a, (L * D, J, B, 4, C // J), dtype)
+    d_gate_slots, d_gates = d_gates_LDBSG.reshape(R, S, 4, C), like(d_c, (L * D, J, B, 4, C // J), dtype)
     touched = nbytes(
-        d_a, _slot(acts), _slot(cells),  # read: d_a, the slot's activations, the cell of slot s - 1 (or c0)
+        d_h_raw, W_proj,  # read: the product's operands, each once (a block's rows stay in L2 for its columns)
+        _slot(acts), _slot(cells),  # the slot's activations, the cell of slot s - 1 (or c0)
         d_c, d_c,  # the cell gradient, read and written
         _slot(d_gate_slots), d_gates,  # the gates' gradient, written to its slot and as the matmul's operand
         _rows(R, 1, jnp.int32),  # the mask's rows
@@ -540,18 +567,20 @@ def backward_cell(
         "lstm_backward_cell",
         i,
         mask_LBS,
-        blocked={"d_a": d_a, "d_c": d_c, "c0": c0_LDBC.reshape(R, C)},
-        whole={"acts": acts, "cells": cells, "d_gate_slots": d_gate_slots},
+        blocked={"d_c": d_c, "c0": c0_LDBC.reshape(R, C)},
+        whole={"W_proj": W_proj, "d_h_raw": d_h_raw, "acts": acts, "cells": cells, "d_gate_slots": d_gate_slots},
         outputs={
             "d_gate_slots": _Out(like(d_gates_LDBSG, d_gate_slots.shape)),
             "d_gates": _Out(d_gates),
             "d_c": _Out(like(d_c, d_c.shape), blocked=True),
         },
         touched=touched,
+        flops=2 * R * C * P,
         parts=(C // J,),
         clip=clip,
         B=B,
         D=D,
+        depth=math.gcd(P, _BACK_DEPTH_BYTES // W_proj.dtype.itemsize),
     )
     d_gates = out["d_gates"].reshape(L, D, J, B, 4, C // J)
     return out["d_gate_slots"].reshape(d_gates_LDBSG.shape), d_gates, out["d_c"].reshape(d_c_LDBC.shape)
@@ -561,8 +590,10 @@ def backward_cell_and_gates_product(
     i, d_a_LDBC, d_c_2LDBC, W_LDJQGc, *, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, d_gates_LDBSG,
     clip: float | None,
 ):  # fmt: skip
-    """`backward_cell` with the gates' transposed matmul in the kernel (`lstm_cell="fused"`):
-    the carried cell gradient in two buffers (2, L, D, B, C), read at the counter's parity i % 2
+    """`backward_cell` with the gates' transposed matmul in the kernel (`lstm_cell="fused"`),
+    taking the gradient of o * tanh(c) d_a (L, D, B, C) in the compute dtype (XLA's product:
+    this kernel's programs compute a block's gradients once for each block of Q, and would
+    compute its product as often), the carried cell gradient in two buffers (2, L, D, B, C), read at the counter's parity i % 2
     and written at the other, and the gates' weights (L, D, J, Q, 4, C / J) in the compute
     dtype, instead of d_gates written for the matmul: each grid program computes the gates'
     gradient of its block of rows and of the cell's columns of its part (written to its slot

@@ -34,6 +34,7 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
+from elmo_jax.model.cell_kernels import products_fit
 from elmo_jax.model.dropout import apply_dropout
 from elmo_jax.model.wavefront import Clips, Stack, wave_infer, wavefront, with_bias
 
@@ -121,7 +122,7 @@ def lstm_stacks(
     gradients are summed over devices as the loop's backward makes them, a stack at a time).
     """
     cfg = config.lstm
-    st = _stack(config, dropout)
+    st = _stack(config, dropout, x_2BTP.shape[1])
     groups = (
         [range(cfg.n_layers)]
         if schedule(config) == "wavefront"
@@ -171,19 +172,24 @@ def schedule(config: ModelConfig) -> str:
     return "layers" if backend() == "cpu" else "wavefront"
 
 
-def cell(config: ModelConfig) -> str:
+def cell(config: ModelConfig, rows: int | None = None) -> str:
     """ "xla", "pallas" or "fused": config.lstm_cell, with "auto" resolved for the default backend
     (our kernels on GPUs, where they measured faster than XLA's cell (docs/PERFORMANCE.md), for
-    the wavefront of 2+ layers that they are written for; XLA's cell elsewhere). "fused" (the
-    gates' matmuls in the cell's kernels) is never auto's: it has not run on a GPU yet."""
+    the wavefront of 2+ layers that they are written for, at sizes whose products Triton takes
+    (`cell_kernels.products_fit`, at `rows` a device where given); XLA's cell elsewhere).
+    "fused" (the gates' matmuls in the cell's kernels) is never auto's: it has not run on a GPU
+    yet."""
     if config.lstm_cell != "auto":
         return config.lstm_cell
-    ours = backend() == "gpu" and schedule(config) == "wavefront" and config.lstm.n_layers >= 2
+    cfg = config.lstm
+    fit = rows is None or products_fit(rows, cfg.dim, cfg.projection_dim)
+    ours = backend() == "gpu" and schedule(config) == "wavefront" and cfg.n_layers >= 2 and fit
     return "pallas" if ours else "xla"
 
 
-def _stack(config: ModelConfig, dropout: float) -> Stack:
-    """What the wavefront needs of the config besides arrays (`wavefront.Stack`)."""
+def _stack(config: ModelConfig, dropout: float, rows: int) -> Stack:
+    """What the wavefront needs of the config besides arrays (`wavefront.Stack`), at `rows` a device."""
     cfg = config.lstm
     clips = Clips(cell=cfg.cell_clip, proj=cfg.proj_clip)
-    return Stack(clips, cfg.use_skip_connections, dropout, config.scan_unroll, config.compute_dtype, cell(config))
+    dtype, chosen = config.compute_dtype, cell(config, rows)
+    return Stack(clips, cfg.use_skip_connections, dropout, config.scan_unroll, dtype, chosen)

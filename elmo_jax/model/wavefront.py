@@ -521,12 +521,13 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
     J = saved.W_loop.shape[2]  # the weights' parts of the cell's columns
     ran_LBS, keep_8, rate = _kernel_masks(saved.mask_LBS, saved.keep_UDBSP, st.dropout)
 
-    def cell(i, d_a, d_c, slots):
+    def cell(i, d_h_raw, d_c, slots):
         """-> the gates' gradient's slots, the gradient of [inputs; h] (L, D, J or 1, B, 2P) and
         the carried cell gradient: the cell's kernel, then the gates' transposed product; or
         both in one kernel (`st.cell` "fused"; the cell gradient in 2 buffers, `d_c`)."""
         kept = dict(c0_LDBC=saved.c0, mask_LBS=ran_LBS, acts_LDBSG=saved.acts_LDBSG, c_LDBSC=saved.c_LDBSC)
         if st.cell == "fused":
+            d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype)  # as the forward's gates
             d_gate_slots, d_in_h, d_c = backward_cell_and_gates_product(
                 i, d_a, d_c, saved.W_loop, **kept, d_gates_LDBSG=slots.d_gates, clip=st.clips.cell
             )
@@ -534,7 +535,7 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
                 d_in_h = widened(narrow(jnp.sum(d_in_h, axis=2, keepdims=True), st.dtype))
             return d_gate_slots, d_in_h, d_c
         d_gate_slots, d_gates, d_c = backward_cell(
-            i, d_a, d_c, **kept, d_gates_LDBSG=slots.d_gates, J=J, clip=st.clips.cell
+            i, d_h_raw, saved.W_proj_loop, d_c, **kept, d_gates_LDBSG=slots.d_gates, J=J, clip=st.clips.cell
         )
         if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
             d_in_h = einsum("ldbg,ldqg->ldbq", _joined(d_gates), _joined(saved.W_loop), st.dtype)[:, :, None]
@@ -545,8 +546,7 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
 
     def step(i, carry):
         d_h, d_c, d_h_raw, slots = carry
-        d_a = rounded_einsum("ldbp,ldcp->ldbc", d_h_raw, saved.W_proj_loop, st.dtype)  # as the forward's gates
-        d_gate_slots, d_in_h, d_c = cell(i, d_a, d_c, slots)
+        d_gate_slots, d_in_h, d_c = cell(i, d_h_raw, d_c, slots)
         d_ins, d_h_raws, d_h, d_h_raw = backward_output(
             i, d_in_h, d_h, d_h_raw, mask_LBS=ran_LBS, d_out_LDBSP=d_out_LDBSP, h_LDBSP=saved.h_LDBSP,
             keep_UDBSP=keep_8, d_in_LDBSP=slots.d_in, d_h_raw_LDBSP=slots.d_h_raw, clip=st.clips.proj, skip=st.skip,

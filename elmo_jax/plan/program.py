@@ -133,7 +133,7 @@ def compile_train_step(
             lowered = step.lower(state, batch)
         compiled = compile_within_memory(lowered, target, per_device_batch)
         seconds = time.perf_counter() - start
-        lstm_schedule, lstm_cell, char_conv = schedule(model), cell(model), conv(model)
+        lstm_schedule, lstm_cell, char_conv = schedule(model), cell(model, per_device_batch), conv(model)
         char_blocks = kernel_blocks(model) if char_conv == "pallas" else {}
         softmax = softmax_kernel(model)
     return CompiledStep(

@@ -50,7 +50,8 @@ MEASURED_PALLAS = ("lstm_forward_cell", "lstm_forward_output", "lstm_backward_ce
 # since are checked only interpreted on a CPU, and the rate fitted on them is their old code's.
 CHANGED_SINCE_MEASURED = (
     "no kernel of XLA's between them (ef2aa99, 2026-12-04); the backward computes the cell of step s "
-    "again instead of reading it (ce4dea1, 2026-12-06)"
+    "again instead of reading it (ce4dea1, 2026-12-06); the backward cell multiplies the projection's gradient by "
+    "W_proj's transpose itself, a product in a kernel measured without one (2026-12-06)"
 )
 
 
