@@ -219,15 +219,17 @@ def test_the_char_cnn_kernels_compute_what_xla_does_over_many_blocks(dtype, bloc
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("D, C, block", [(8, 40, (64, 128)), (24, 34, (16, 32))])
+@pytest.mark.parametrize("D, C, block", [(8, 40, (64, 128)), (24, 34, (16, 32)), (50, 40, (64, 128))])
 def test_the_char_cnn_gpu_kernels_sum_characters_of_any_width_over_many_blocks(dtype, D, C, block, monkeypatch):
     """The GPU's character gradient kernel (`char_kernels.character_gradients`: a program a block
     of words, a character and 16 of its columns, the sum over the windows that hold it) where
-    the characters are 8 wide (the demo's: padded to Triton's smallest dot dimension, 16) or 24
-    (two programs a character, the second's columns half padding), widths 5 and 3 (the widest
-    filter's windows past the word's end read the padding that lets the narrowest's last
-    positions in), words of 40 characters and of 34 (32 positions: their bits fill one word),
-    against XLA's path as above."""
+    the characters are 8 wide (the demo's: padded to Triton's smallest dot dimension, 16), 24
+    (two programs a character, the second's columns half padding) or 50 (ELMoForManyLangs'),
+    widths 5 and 3 (the widest filter's windows past the word's end read the padding that lets
+    the narrowest's last positions in), words of 40 characters and of 34 (32 positions: their
+    bits fill one word), against XLA's path as above. The max and filter gradient kernels read
+    each window from the flattened characters at w * D: with 24 and 50, K = 128 and 256 are not
+    whole characters (their last window reads the zero padding past the word)."""
     from elmo_jax.model import char_kernels
 
     monkeypatch.setattr(char_kernels, "BLOCKS", (block,))

@@ -786,7 +786,7 @@ def test_the_published_models_default_train_step_compiles_for_every_tpu(tmp_path
 
 # The published char CNN (experiments/elmo_original.py): 7 filters up to width 7 over 16-wide
 # character embeddings (112-wide windows), 2,048 filters, 50 characters.
-PUBLISHED_CHAR_CNN = (50, 128, 2048)  # W, K, F as the kernels see them
+PUBLISHED_CHAR_CNN = (50, 16, 128, 2048)  # W, D, K, F as the kernels see them
 
 
 def test_the_softmax_kernels_on_a_gpu_need_rows_a_power_of_two_wide(caplog):
@@ -911,16 +911,16 @@ def test_the_char_cnn_blocks_are_chosen_before_the_step_is_traced_once_for_every
     monkeypatch.setattr(kernel_calls, "_compile_alone", counted)
     monkeypatch.setattr(kernel_calls, "_REFUSALS", {})
     model = _demo_model()
-    W, K, F = _kernel_sizes(model)
+    W, D, K, F = _kernel_sizes(model)
     with tracing_for("gpu", abstract_devices(TARGETS["h200"], 1)[0]), jax.default_matmul_precision("default"):
         make_train_step(model, train_settings(demo.get_config(), 2000))  # jit only: nothing traced yet
         assert sorted(compiled) == sorted(char_kernels.KERNELS)  # the largest blocks fit
-        chosen = {k: char_kernels.chosen_block(k, W, K, F, "bfloat16") for k in char_kernels.KERNELS}
+        chosen = {k: char_kernels.chosen_block(k, W, D, K, F, "bfloat16") for k in char_kernels.KERNELS}
         for width in (3, 11, W):  # the widths batches bring
-            assert {k: char_kernels.chosen_block(k, width, K, F, "bfloat16") for k in chosen} == chosen
+            assert {k: char_kernels.chosen_block(k, width, D, K, F, "bfloat16") for k in chosen} == chosen
         assert len(compiled) == len(char_kernels.KERNELS)
         monkeypatch.setattr(kernel_calls, "_REFUSALS", {})  # compiled afresh at the narrowest: the same blocks
-        assert {k: char_kernels.chosen_block(k, 3, K, F, "bfloat16") for k in chosen} == chosen
+        assert {k: char_kernels.chosen_block(k, 3, D, K, F, "bfloat16") for k in chosen} == chosen
         compiled.clear()
 
         monkeypatch.setattr(kernel_calls, "_REFUSALS", {})
@@ -928,7 +928,7 @@ def test_the_char_cnn_blocks_are_chosen_before_the_step_is_traced_once_for_every
 
         def ask() -> None:
             with tracing_for("gpu", on), jax.default_matmul_precision("default"):
-                char_kernels.chosen_block(char_kernels.MAX, W, K, F, "bfloat16")
+                char_kernels.chosen_block(char_kernels.MAX, W, D, K, F, "bfloat16")
 
         threads = [threading.Thread(target=ask) for _ in range(4)]
         for thread in threads:
@@ -986,11 +986,11 @@ def test_a_kernel_over_the_shared_memory_is_not_blamed_on_the_batch():
     on = abstract_devices(tiny, 1)[0]
     mesh = jax.sharding.Mesh([on], ("x",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    W, K, F = PUBLISHED_CHAR_CNN
-    shapes = [((W, 64, K), jnp.float32), ((K, F), jnp.float32), ((F,), jnp.int32)]
+    W, D, K, F = PUBLISHED_CHAR_CNN
+    shapes = [((64, (W - 1) * D + K), jnp.float32), ((K, F), jnp.float32), ((F,), jnp.int32)]
     operands = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
     with tracing_for("gpu", on), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        lowered = jax.jit(lambda *a: char_kernels.max_and_ties(*a, "float32", (64, 128))).lower(*operands)
+        lowered = jax.jit(lambda *a: char_kernels.max_and_ties(*a, W, D, "float32", (64, 128))).lower(*operands)
     with pytest.raises(
         UserError, match=r"does not compile for tiny at any batch: .* bytes of shared memory"
     ) as refused:

@@ -13,9 +13,13 @@ of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memo
   into the characters' gradient (C, D) a word, the windows' (W, K) never in device memory (on a
   GPU a program a block of words, a character and 16 of its columns, on a TPU in VMEM).
 
-Operands: windows (W, N, K) in the compute dtype (position-major, on a TPU (W, K, N); K the
-widest filter's window, zero-padded to a power of two), the filter bank (K, F), F and N padded
-to whole blocks (`kernel_calls.padded`). On GPUs they lower to Triton; on TPUs their tiled
+Operands, in the compute dtype: on a GPU the characters, each word's D-wide characters flattened
+and zero-padded (N, (W - 1) * D + K), position w's window the slice w * D.. w * D + K (K the
+widest filter's width * D padded to a power of two: the characters a window holds past the
+filter's width meet the bank's zero rows; the windows (W, N, K), 7 times the characters' bytes at
+the published size, never in device memory); on a TPU the windows (W, K, N); the filter bank (K,
+F); F and N padded to whole blocks (`kernel_calls.padded`). On GPUs they lower to Triton; on
+TPUs their tiled
 variants (`kernel_calls.tiled()`: each grid program's operands in VMEM blocks of whole positions,
 words along the lanes, which the grid's pipeline fetches from device memory, the max, its bits
 and the gradients' sums kept in their outputs' blocks) to Mosaic; on a CPU (this project's
@@ -84,14 +88,22 @@ def _share(words_ref, share_ref, w, rows, columns, dtype):
     return jnp.where(hit, share_ref[rows, columns], 0).astype(dtype)
 
 
-def _max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
-    # Grid (column blocks, row blocks): a block of words' programs side by side, its windows read
-    # once from device memory.
-    W, rows = windows_ref.shape[0], pl.ds(pl.program_id(1) * max_ref.shape[0], max_ref.shape[0])
+def _window(chars_ref, rows, w, D: int, K: int):
+    """Position w's windows (rows, K) of a block of words: their characters w * D.. w * D + K."""
+    start = w * D
+    if not isinstance(w, int):  # traced: Triton told its alignment, D & -D (the largest power of 2 dividing D)
+        start = pl.multiple_of(start, D & -D)
+    return chars_ref[rows, pl.ds(start, K)]
+
+
+def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, words_ref, *, W, D, dtype):
+    # Grid (column blocks, row blocks): a block of words' programs side by side, its characters
+    # read once from device memory.
+    rows = pl.ds(pl.program_id(1) * max_ref.shape[0], max_ref.shape[0])
     bank, last = bank_ref[...], last_ref[...]
 
     def product(w):  # rounded to the compute dtype, -inf where the filter does not fit
-        y = _product(windows_ref[w, rows, :], bank, (1, 0))
+        y = _product(_window(chars_ref, rows, w, D, bank.shape[0]), bank, (1, 0))
         return jnp.where(w <= last[None, :], y.astype(dtype).astype(jnp.float32), -jnp.inf)
 
     def position(w, carry):
@@ -145,16 +157,16 @@ def _character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, wi
     )
 
 
-def _filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *, n_rows, n_columns, dtype):
-    j, chunk = pl.program_id(0), pl.program_id(1)  # a chunk's column blocks side by side: its windows read once
-    W, N, K = windows_ref.shape
-    chunk_rows, columns = N // out_ref.shape[0], pl.ds(j * n_columns, n_columns)
+def _filter_gradient_kernel(chars_ref, share_ref, words_ref, out_ref, *, W, D, n_rows, n_columns, dtype):
+    j, chunk = pl.program_id(0), pl.program_id(1)  # a chunk's column blocks side by side: its characters read once
+    _, K, _ = out_ref.shape
+    chunk_rows, columns = chars_ref.shape[0] // out_ref.shape[0], pl.ds(j * n_columns, n_columns)
 
     def block(t, acc):
         block_, w = _divmod(t, W)
         rows = pl.ds(chunk * chunk_rows + block_ * n_rows, n_rows)
         g = _share(words_ref, share_ref, w, rows, columns, dtype)
-        return acc + _product(windows_ref[w, rows, :], g, (0, 0))
+        return acc + _product(_window(chars_ref, rows, w, D, K), g, (0, 0))
 
     acc = jnp.zeros((K, n_columns), jnp.float32)
     out_ref[chunk, :, columns] = jax.lax.fori_loop(0, chunk_rows // n_rows * W, block, acc)
@@ -267,16 +279,22 @@ def padded_words(N: int) -> int:
     return kernel_calls.padded(N, LANES if kernel_calls.tiled() else ROWS)
 
 
-def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, dtype: str, block: Block | None = None):
-    """Windows (W, N, K) (on a TPU (W, K, N)) and the filter bank (K, F) in `dtype`, each
-    filter's last position (F,) int32 (C - width; -1: a padding filter) -> the max over positions
-    of the rounded products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32.
-    `block`: (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels
-    below)."""
-    W, N, K = _sizes(windows_WNK)
+def max_and_ties(
+    chars: jax.Array, bank_KF: jax.Array, last_F: jax.Array, W: int, D: int, dtype: str, block: Block | None = None
+):
+    """The W positions' windows of D-wide characters (the characters (N, (W - 1) * D + K), on a
+    TPU the windows (W, K, N)) and the filter bank (K, F) in `dtype`, each filter's last position
+    (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
+    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32. `block`:
+    (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
+    N, K = _sizes(chars, W, D)
+    if K != bank_KF.shape[0]:
+        raise ValueError(
+            f"the characters hold {K}-wide windows of {W} positions; the filter bank is {bank_KF.shape[0]}"
+        )
     F, M = bank_KF.shape[1], -(-W // 32)
-    n_rows, n_columns = _within(block or chosen_block(MAX, W, K, F, dtype), N, F)
-    out_shape = (like(windows_WNK, (N, F), jnp.float32), like(windows_WNK, (M, N, F), jnp.uint32))
+    n_rows, n_columns = _within(block or chosen_block(MAX, W, D, K, F, dtype), N, F)
+    out_shape = (like(chars, (N, F), jnp.float32), like(chars, (M, N, F), jnp.uint32))
     flops = 2 * W * N * K * F
     if kernel_calls.tiled():  # the bank and last positions read once per block of rows
         return _call(
@@ -294,12 +312,12 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
             ),
             out_shape,
             flops,
-            (windows_WNK, bank_KF, last_F[None, :]),
-            nbytes(windows_WNK, *out_shape) + N // n_rows * nbytes(bank_KF, last_F),
+            (chars, bank_KF, last_F[None, :]),
+            nbytes(chars, *out_shape) + N // n_rows * nbytes(bank_KF, last_F),
             ("parallel", "parallel"),
         )
     return _call(
-        lambda *refs: _max_kernel(*refs, dtype=dtype),
+        functools.partial(_max_kernel, W=W, D=D, dtype=dtype),
         MAX,
         (F // n_columns, N // n_rows),
         [
@@ -310,7 +328,7 @@ def max_and_ties(windows_WNK: jax.Array, bank_KF: jax.Array, last_F: jax.Array, 
         (pl.BlockSpec((n_rows, n_columns), lambda j, i: (i, j)), pl.no_block_spec),
         out_shape,
         flops,
-        (windows_WNK, bank_KF, last_F),
+        (chars, bank_KF, last_F),
     )
 
 
@@ -333,7 +351,7 @@ def character_gradients(
     (`kernel_calls.tiled()`) (C, D, N). The windows' gradient (W, N, K) never in device memory
     (on a TPU summed in VMEM)."""
     N, F, K, M = *share_NF.shape, bank_KF.shape[0], words_MNF.shape[0]
-    n_rows, n_columns = _within(block or chosen_block(CHARACTERS, W, K, F, dtype), N, F)
+    n_rows, n_columns = _within(block or chosen_block(CHARACTERS, W, D, K, F, dtype), N, F)
     C = W + width - 1 if C is None else C
     if kernel_calls.tiled():
         out_shape = like(share_NF, (C, D, N), jnp.float32)
@@ -378,14 +396,15 @@ def character_gradients(
 
 
 def filter_gradients(
-    windows_WNK: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, dtype: str, block: Block | None = None
+    chars: jax.Array, share_NF: jax.Array, words_MNF: jax.Array, W: int, D: int, dtype: str, block: Block | None = None
 ) -> jax.Array:
-    """The windows' transpose (as `max_and_ties` takes them) times the max's gradient (as
-    `character_gradients` takes it): the filter bank's gradient (K, F) float32, summed over words in (at
-    most) CHUNKS partial sums."""
-    W, N, K = _sizes(windows_WNK)
+    """The windows' transpose (of the characters as `max_and_ties` takes them) times the max's
+    gradient (as `character_gradients` takes it): the filter bank's gradient (K, F) float32,
+    summed over words in (at most) CHUNKS partial sums. On a GPU its rows past the widest
+    filter's width * D are the characters past a window's, not 0: the caller drops them."""
+    N, K = _sizes(chars, W, D)
     F, M = share_NF.shape[1], words_MNF.shape[0]
-    n_rows, n_columns = _within(block or chosen_block(FILTERS, W, K, F, dtype), N, F)
+    n_rows, n_columns = _within(block or chosen_block(FILTERS, W, D, K, F, dtype), N, F)
     chunks = math.gcd(CHUNKS, N // n_rows)
     out_shape = like(share_NF, (chunks, K, F), jnp.float32)
     flops = 2 * W * N * K * F
@@ -403,19 +422,19 @@ def filter_gradients(
             pl.BlockSpec((1, K, F), lambda c, i: (c, 0, 0)),
             out_shape,
             flops,
-            (windows_WNK, share_NF, words_MNF),
+            (chars, share_NF, words_MNF),
             semantics=("parallel", "arbitrary"),
         )
     else:
         partial = _call(
-            lambda *refs: _filter_gradient_kernel(*refs, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
+            functools.partial(_filter_gradient_kernel, W=W, D=D, n_rows=n_rows, n_columns=n_columns, dtype=dtype),
             FILTERS,
             (F // n_columns, chunks),
             [pl.no_block_spec] * 3,
             pl.no_block_spec,
             out_shape,
             flops,
-            (windows_WNK, share_NF, words_MNF),
+            (chars, share_NF, words_MNF),
         )
     return partial.sum(axis=0)
 
@@ -424,11 +443,14 @@ MAX, CHARACTERS, FILTERS = "char_cnn_max", "char_cnn_character_gradients", "char
 KERNELS = (MAX, CHARACTERS, FILTERS)
 
 
-def _sizes(windows: jax.Array) -> tuple[int, int, int]:
-    """W, N, K of windows (W, N, K), on a TPU (W, K, N)."""
-    W, *NK = windows.shape
-    N, K = reversed(NK) if kernel_calls.tiled() else NK
-    return W, N, K
+def _sizes(chars: jax.Array, W: int, D: int) -> tuple[int, int]:
+    """N, K of the W positions' windows of D-wide characters: of the characters (N, (W - 1) * D +
+    K), on a TPU of the windows (W, K, N)."""
+    if kernel_calls.tiled():
+        if chars.shape[0] != W:
+            raise ValueError(f"windows {chars.shape} are not (W = {W}, K, N)")
+        return chars.shape[2], chars.shape[1]
+    return chars.shape[0], chars.shape[1] - (W - 1) * D
 
 
 def _within(block: Block, N: int, F: int) -> Block:
@@ -437,19 +459,20 @@ def _within(block: Block, N: int, F: int) -> Block:
     return _dividing(N, block[0]), _dividing(F, block[1])
 
 
-def chosen_block(kernel: str, W: int, K: int, F: int, dtype: str) -> Block:
-    """(words, filters) of `kernel`'s grid programs for W positions, K-wide windows and F filters
-    (padded) in `dtype`: on a GPU the first of BLOCKS whose kernel compiles for the device the
-    model is traced for (Triton stages the operands in its shared memory); on a TPU `_tiled_block`;
-    elsewhere (Pallas interprets the kernels) the largest. A UserError where none fits."""
+def chosen_block(kernel: str, W: int, D: int, K: int, F: int, dtype: str) -> Block:
+    """(words, filters) of `kernel`'s grid programs for W positions, K-wide windows of D-wide
+    characters and F filters (padded) in `dtype`: on a GPU the first of BLOCKS whose kernel
+    compiles for the device the model is traced for (Triton stages the operands in its shared
+    memory); on a TPU `_tiled_block`; elsewhere (Pallas interprets the kernels) the largest. A
+    UserError where none fits."""
     if kernel_calls.tiled():
         return _tiled_block(kernel, F)
     if not kernel_calls.compiled_by_triton():
         return BLOCKS[0]
     for block in BLOCKS:
-        if _refusal(kernel, block, W, K, F, dtype) is None:
+        if _refusal(kernel, block, W, D, K, F, dtype) is None:
             return block
-    raise UserError(f"char_conv='pallas': {unfit(W, K, F, dtype)}: use char_conv='xla'")
+    raise UserError(f"char_conv='pallas': {unfit(W, D, K, F, dtype)}: use char_conv='xla'")
 
 
 def _tiled_block(kernel: str, F: int) -> Block:
@@ -466,46 +489,53 @@ def _dividing(n: int, most: int) -> int:
     return part
 
 
-def unfit(W: int, K: int, F: int, dtype: str) -> str | None:
-    """Why the kernels cannot run for W positions, K-wide windows and F filters in `dtype` on the
-    device the model is traced for (the first that fits at no block size, and the compiler's
-    words for its smallest), or None where each has a block that fits."""
+def unfit(W: int, D: int, K: int, F: int, dtype: str) -> str | None:
+    """Why the kernels cannot run for W positions, K-wide windows of D-wide characters and F
+    filters in `dtype` on the device the model is traced for (the first that fits at no block
+    size, and the compiler's words for its smallest), or None where each has a block that fits."""
     if not kernel_calls.compiled_by_triton():
         return None
     for kernel in KERNELS:
-        if all(_refusal(kernel, block, W, K, F, dtype) for block in BLOCKS):  # stops at the first that fits
+        if all(_refusal(kernel, block, W, D, K, F, dtype) for block in BLOCKS):  # stops at the first that fits
             (rows, columns), kind = BLOCKS[-1], device().device_kind
             return (
                 f"the char CNN kernel {kernel} does not fit on {kind} at any block size ({K}-wide windows in "
-                f"{dtype}; at {rows} words x {columns} filters: {_refusal(kernel, BLOCKS[-1], W, K, F, dtype)})"
+                f"{dtype}; at {rows} words x {columns} filters: {_refusal(kernel, BLOCKS[-1], W, D, K, F, dtype)})"
             )
     return None
 
 
-def _refusal(kernel: str, block: Block, W: int, K: int, F: int, dtype: str) -> str | None:
+def _refusal(kernel: str, block: Block, W: int, D: int, K: int, F: int, dtype: str) -> str | None:
     """The compiler's reason why `kernel` at `block` cannot run on the device the model is traced
     for (`kernel_calls.refusal`), or None where it compiles: compiled alone over one block of
-    words, whatever the width W: a block's operands in shared memory are one position's (the
-    positions' bits, ceil(W / 32) words, are held in registers: compiled for an A100 in float32 at
-    W = 3, 50, 200 and 400, each kernel fit or was refused alike, 2026-12-06), so the first width
-    asked for answers for all (the train step asks at the widest before it is
-    traced: token_encoder.resolved)."""
-    return kernel_calls.refusal((kernel, block, K, F, dtype), functools.partial(_probe, kernel, block, W, K, F, dtype))
+    words, whatever the width W: a block's operands in shared memory are one position's (its
+    window (rows, K), at offsets w * D: as aligned for every W; the positions' bits, ceil(W / 32)
+    words, are held in registers: compiled for an A100 in float32 at W = 3, 50, 200 and 400, D =
+    16 and 50, each kernel fit or was refused alike, 2026-12-06), so the first width asked for
+    answers for all (the train step asks at the widest before it is traced:
+    token_encoder.resolved). Asked once per D: the windows' alignment, D's, changes what Triton
+    stages (for an H200 in bfloat16 at K = 512 the largest block fits at D = 7, not at 16 or 50)."""
+    return kernel_calls.refusal(
+        (kernel, block, D, K, F, dtype), functools.partial(_probe, kernel, block, W, D, K, F, dtype)
+    )
 
 
 def _probe(
-    kernel: str, block: Block, W: int, K: int, F: int, dtype: str, operand: kernel_calls.Operand
+    kernel: str, block: Block, W: int, D: int, K: int, F: int, dtype: str, operand: kernel_calls.Operand
 ) -> kernel_calls.Probes:
     """`kernel` at `block`, over one block of words."""
-    windows, bank, share = operand((W, ROWS, K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
+    chars, bank, share = operand((ROWS, (W - 1) * D + K), dtype), operand((K, F), dtype), operand((ROWS, F), dtype)
     words = operand((-(-W // 32), ROWS, F), jnp.uint32)
     width = K // DOT  # characters of DOT: the character gradients' programs are the same for every D
     probes: kernel_calls.Probes = {
-        MAX: (lambda w, b, last: max_and_ties(w, b, last, dtype, block), (windows, bank, operand((F,), jnp.int32))),
+        MAX: (
+            lambda x, b, last: max_and_ties(x, b, last, W, D, dtype, block),
+            (chars, bank, operand((F,), jnp.int32)),
+        ),
         CHARACTERS: (
             lambda s, bits, b: character_gradients(s, bits, b, W, width, DOT, dtype, block),
             (share, words, bank),
         ),
-        FILTERS: (lambda w, s, bits: filter_gradients(w, s, bits, dtype, block), (windows, share, words)),
+        FILTERS: (lambda x, s, bits: filter_gradients(x, s, bits, W, D, dtype, block), (chars, share, words)),
     }
     return {kernel: probes[kernel]}

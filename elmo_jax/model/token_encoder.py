@@ -106,7 +106,7 @@ def _filter_bank(w_filters: tuple[jax.Array, ...]) -> tuple[jax.Array, np.ndarra
 
 
 def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
-    (N, C, _), F = x_NCD.shape, sum(w.shape[2] for w in w_filters)
+    (N, C, D), F = x_NCD.shape, sum(w.shape[2] for w in w_filters)
     w_KF, width_F = _filter_bank(w_filters)
     widest, narrowest = int(width_F.max()), int(width_F.min())
     # The narrowest filter's C - narrowest + 1 positions, each with the widest filter's window.
@@ -114,21 +114,22 @@ def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
     if kernels:
         if x_NCD.dtype != dtype:
             raise ValueError(f"the char CNN's kernels take characters in the compute dtype {dtype}, not {x_NCD.dtype}")
-        windows = _kernel_windows(x_NCD, widest)
+        chars = _kernel_characters(x_NCD, widest)
         bank, last_F = _kernel_bank(w_KF, C - width_F, dtype)
-        max_NF, ties_MNF = char_kernels.max_and_ties(windows, bank, last_F, dtype)
-        return max_NF[:N, :F], (windows, w_filters, ties_MNF, bank)
+        max_NF, ties_MNF = char_kernels.max_and_ties(chars, bank, last_F, C - narrowest + 1, D, dtype)
+        return max_NF[:N, :F], (chars, w_filters, ties_MNF, bank)
     windows_NWK = _windows(x_NCD, widest, axis=1)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
     return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF, None)
 
 
-def _kernel_windows(x_NCD: jax.Array, width: int) -> jax.Array:
-    """Characters (N, C, D) -> the windows of `width` characters for `char_kernels`, N and K =
-    width * D padded with zeros to whole blocks: (W, N, K), on a TPU (W, K, N)
-    (`kernel_calls.tiled()`: the characters' D rows side by side, whole tiles of its sublanes,
-    where XLA writes the windows in one pass)."""
+def _kernel_characters(x_NCD: jax.Array, width: int) -> jax.Array:
+    """Characters (N, C, D) -> `char_kernels`' operand for the W = C - width + 1 windows of
+    `width` characters, N and K = width * D padded with zeros to whole blocks: each word's
+    characters flattened (N, (W - 1) * D + K), window w the slice w * D.. w * D + K; on a TPU
+    (`kernel_calls.tiled()`) the windows (W, K, N) (the characters' D rows side by side, whole
+    tiles of its sublanes, where XLA writes the windows in one pass)."""
     (N, C, D), padded = x_NCD.shape, kernel_calls.padded
     W, Np, K = C - width + 1, char_kernels.padded_words(N), width * D
     if kernel_calls.tiled():
@@ -136,8 +137,12 @@ def _kernel_windows(x_NCD: jax.Array, width: int) -> jax.Array:
         return jnp.concatenate(
             [_windows(x_CDN, width, axis=0, along=1), jnp.zeros((W, padded(K) - K, Np), x_NCD.dtype)], axis=1
         )
-    windows_WNK = _windows(jnp.swapaxes(x_NCD, 0, 1), width, axis=0)
-    return jnp.pad(windows_WNK, ((0, 0), (0, Np - N), (0, padded(K) - K)))
+    return jnp.pad(x_NCD.reshape(N, C * D), ((0, Np - N), (0, padded(K) - K)))  # C * D = (W - 1) * D + K
+
+
+def _kernel_positions(chars: jax.Array, K: int, D: int) -> int:
+    """W of `_kernel_characters`' operand for (padded) K-wide windows of D-wide characters."""
+    return chars.shape[0] if kernel_calls.tiled() else (chars.shape[1] - K) // D + 1
 
 
 def _kernel_bank(w_KF: jax.Array, last_F: np.ndarray, dtype: str) -> tuple[jax.Array, jax.Array]:
@@ -206,29 +211,30 @@ def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) 
 
 
 def _conv_max_backward(dtype, kernels, residuals, g_NF):
-    windows, w_filters, ties_MNF, bank = residuals  # bank: our kernels' (None on XLA's path)
+    # XLA's path: the windows (N, W, widest * D), bank None; our kernels': their operand and bank.
+    inputs, w_filters, ties_MNF, bank = residuals
     w_KF, width_F = _filter_bank(w_filters)
     (N, F), D = g_NF.shape, w_filters[0].shape[1]
     widest, narrowest = int(width_F.max()), int(width_F.min())
     if kernels:
-        W, Np = windows.shape[0], ties_MNF.shape[1]
+        W, Np = _kernel_positions(inputs, bank.shape[0], D), ties_MNF.shape[1]
         share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
-        dw_KF = char_kernels.filter_gradients(windows, share_NF, ties_MNF, dtype)
+        dw_KF = char_kernels.filter_gradients(inputs, share_NF, ties_MNF, W, D, dtype)  # rows past widest * D dropped
         # The characters' gradient from the kernel: (N, C, D), on a TPU (C, D, N).
         dx = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype, C=W + narrowest - 1)
         dx = jnp.transpose(dx[:, :, :N], (2, 0, 1)) if kernel_calls.tiled() else dx[:N]
     else:
-        W = windows.shape[1]
+        W = inputs.shape[1]
         g_NWF = _split_among_ties(ties_MNF, g_NF, W, dtype)
         wide = _wide(dtype)
-        dw_KF = jnp.einsum("nwk,nwf->kf", windows.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
+        dw_KF = jnp.einsum("nwk,nwf->kf", inputs.astype(wide), g_NWF.astype(wide), preferred_element_type=jnp.float32)
         dx = _characters(matmul(g_NWF, w_KF.T, dtype), widest, D, axis=1)
     ends = np.cumsum([w.shape[2] for w in w_filters])
     dw = tuple(
         dw_KF[: w.shape[0] * D, end - w.shape[2] : end].reshape(w.shape).astype(w.dtype)
         for w, end in zip(w_filters, ends)
     )
-    return dx[:, : W + narrowest - 1].astype(windows.dtype), dw
+    return dx[:, : W + narrowest - 1].astype(inputs.dtype), dw
 
 
 _conv_max.defvjp(_conv_max_forward, _conv_max_backward)
@@ -261,18 +267,19 @@ def resolved(config: ModelConfig) -> ModelConfig:
 def kernel_blocks(config: ModelConfig) -> dict[str, tuple[int, int]]:
     """Each char CNN kernel's block of (words, filters), as `char_kernels.chosen_block` chooses it for
     the device the model is traced for."""
-    W, K, F = _kernel_sizes(config)
-    return {kernel: char_kernels.chosen_block(kernel, W, K, F, config.compute_dtype) for kernel in char_kernels.KERNELS}
+    sizes = _kernel_sizes(config)
+    return {kernel: char_kernels.chosen_block(kernel, *sizes, config.compute_dtype) for kernel in char_kernels.KERNELS}
 
 
-def _kernel_sizes(config: ModelConfig) -> tuple[int, int, int]:
-    """W, K, F of the char CNN's kernels (`char_kernels`): the positions, the widest filter's
-    window and the filters, as `_conv_max_forward` pads them."""
+def _kernel_sizes(config: ModelConfig) -> tuple[int, int, int, int]:
+    """W, D, K, F of the char CNN's kernels (`char_kernels`): the positions, the characters'
+    width, the widest filter's window and the filters, as `_conv_max_forward` pads them."""
     cnn = config.char_cnn
     widths = [width for width, _ in cnn.filters]
     W = cnn.max_characters_per_token - min(widths) + 1
     return (
         W,
+        cnn.embedding_dim,
         kernel_calls.padded(max(widths) * cnn.embedding_dim),
         kernel_calls.padded(cnn.n_filters, char_kernels.COLUMNS),
     )
