@@ -593,14 +593,14 @@ def backward_cell_and_gates_product(
     """`backward_cell` with the gates' transposed matmul in the kernel (`lstm_cell="fused"`),
     taking the gradient of o * tanh(c) d_a (L, D, B, C) in the compute dtype (XLA's product:
     this kernel's programs compute a block's gradients once for each block of Q, and would
-    compute its product as often), the carried cell gradient in two buffers (2, L, D, B, C), read at the counter's parity i % 2
-    and written at the other, and the gates' weights (L, D, J, Q, 4, C / J) in the compute
-    dtype, instead of d_gates written for the matmul: each grid program computes the gates'
-    gradient of its block of rows and of the cell's columns of its part (written to its slot
-    once), and its product with its columns of W's transpose -> (the slots with slot s written,
-    the gradient of [inputs; h] as J partial sums (L, D, J, B, Q) float32, which
-    `backward_output` adds, the cell
-    gradients with the one carried to step s - 1 written). Other arguments as `backward_cell`'s.
+    compute its product as often), the carried cell gradient in two buffers (2, L, D, B, C),
+    read at the counter's parity i % 2 and written at the other, and the gates' weights (L, D,
+    J, Q, 4, C / J) in the compute dtype, instead of d_gates written for the matmul: each grid
+    program computes the gates' gradient of its block of rows and of the cell's columns of its
+    part (written to its slot once), and its product with its columns of W's transpose -> (the
+    slots with slot s written, the gradient of [inputs; h] as J partial sums (L, D, J, B, Q)
+    float32, which `backward_output` adds, the cell gradients with the one carried to step
+    s - 1 written). Other arguments as `backward_cell`'s.
 
     Bytes declared: W once, and each block's operands of the cell once though the programs
     for each of its blocks of Q (_FUSED_BACK_Q_BYTES) read them (side by side: from L2).
