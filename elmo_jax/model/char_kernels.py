@@ -119,7 +119,7 @@ def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, words_ref, *, W, D, dtyp
     first = product(0)
     words = [jnp.full(first.shape, 1 if m == 0 else 0, jnp.uint32) for m in range(words_ref.shape[0])]
     top, *words = jax.lax.fori_loop(1, W, position, (first, *words))
-    max_ref[...] = top
+    max_ref[...] = top.astype(max_ref.dtype)  # exact: the max of values rounded to it
     columns = pl.ds(pl.program_id(0) * top.shape[1], top.shape[1])
     for m, word in enumerate(words):
         words_ref[m, rows, columns] = word
@@ -183,7 +183,8 @@ def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dt
         return jnp.where(w <= last, y.astype(dtype).astype(jnp.float32), -jnp.inf)
 
     def position(w, m: int, s):  # position w = 32 m + s: bit s of word m
-        y, top, bit = product(w), max_ref[...], jnp.left_shift(jnp.uint32(1), s.astype(jnp.uint32))
+        y, top = product(w), max_ref[...].astype(jnp.float32)
+        bit = jnp.left_shift(jnp.uint32(1), s.astype(jnp.uint32))
         above = y > top
         for other in range(words_ref.shape[0]):
             word = words_ref[other]
@@ -191,9 +192,9 @@ def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dt
                 words_ref[other] = jnp.where(above, bit, jnp.where(y == top, word | bit, word))
             else:
                 words_ref[other] = jnp.where(above, jnp.uint32(0), word)
-        max_ref[...] = jnp.maximum(top, y)
+        max_ref[...] = jnp.maximum(top, y).astype(max_ref.dtype)  # exact: values rounded to it
 
-    max_ref[...] = product(0)
+    max_ref[...] = product(0).astype(max_ref.dtype)
     words_ref[...] = jnp.zeros(words_ref.shape, jnp.uint32)
     words_ref[0] = jnp.ones(max_ref.shape, jnp.uint32)
     _over_positions(windows_ref.shape[0], position, first=1)
@@ -285,8 +286,9 @@ def max_and_ties(
     """The W positions' windows of D-wide characters (the characters (N, (W - 1) * D + K), on a
     TPU the windows (W, K, N)) and the filter bank (K, F) in `dtype`, each filter's last position
     (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
-    products (N, F) float32 and its positions' bits (ceil(W / 32), N, F) uint32. `block`:
-    (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
+    products (N, F) in `dtype` (exact: each is rounded to it) and its positions' bits
+    (ceil(W / 32), N, F) uint32. `block`: (words, filters) of a grid program, by default
+    `chosen_block`'s (as for the kernels below)."""
     N, K = _sizes(chars, W, D)
     if K != bank_KF.shape[0]:
         raise ValueError(
@@ -294,7 +296,7 @@ def max_and_ties(
         )
     F, M = bank_KF.shape[1], -(-W // 32)
     n_rows, n_columns = _within(block or chosen_block(MAX, W, D, K, F, dtype), N, F)
-    out_shape = (like(chars, (N, F), jnp.float32), like(chars, (M, N, F), jnp.uint32))
+    out_shape = (like(chars, (N, F), dtype), like(chars, (M, N, F), jnp.uint32))
     flops = 2 * W * N * K * F
     if kernel_calls.tiled():  # the bank and last positions read once per block of rows
         return _call(

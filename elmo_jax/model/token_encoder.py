@@ -117,7 +117,7 @@ def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
         chars = _kernel_characters(x_NCD, widest)
         bank, last_F = _kernel_bank(w_KF, C - width_F, dtype)
         max_NF, ties_MNF = char_kernels.max_and_ties(chars, bank, last_F, C - narrowest + 1, D, dtype)
-        return max_NF[:N, :F], (chars, w_filters, ties_MNF, bank)
+        return max_NF[:N, :F].astype(jnp.float32), (chars, w_filters, ties_MNF, bank)
     windows_NWK = _windows(x_NCD, widest, axis=1)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
