@@ -10,13 +10,18 @@ import re
 
 import numpy as np
 
+from elmo_jax.model.kernel_calls import FLOPS_KEY
+
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][\w\-]*)\(")
 _WHILE = re.compile(r"\swhile\(.*?\bcondition=%?([\w.\-]+), body=%?([\w.\-]+)")
 KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-_MATMUL = re.compile(r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__onednn\$matmul)")
+# A matmul: XLA's, a library's, or one in a kernel of ours (which declares its FLOPs).
+_MATMUL = re.compile(
+    r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__onednn\$matmul)|" + re.escape(FLOPS_KEY)
+)
 _COLLECTIVE = re.compile(
     r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
 )

@@ -209,6 +209,7 @@ class Program:
                 inst.opcode in ("dot", "convolution")
                 or _CONV_TARGET.search(inst.attrs)
                 or _GEMM_TARGET.search(inst.attrs)
+                or (inst.opcode == "custom-call" and _DECLARED_FLOPS.search(inst.attrs))  # a kernel of ours with one
             ):
                 return True
             callees = [c for a in ("calls", "body", "to_apply", "branch_computations") for c in inst.called(a)]
