@@ -294,22 +294,28 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
     and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
     state and every gradient equal the XLA cell's, with masked steps, a carried state, with both
     clips firing, dropout and the residual, and with none of them, and blocks of one row (B = 3).
-    The matmuls that contract over the cell (the projection, the gates' transposed product) run
-    as 4 partial products of 2 of the C = 8 cell columns each (the kernels' blocks as wide),
-    which the kernels add (in bfloat16, whose products this CPU rounds, added and rounded once,
-    as the XLA cell's). The same with the gates' matmul in the forward's kernel ("fused"), which
-    multiplies its block of rows by W 8 bytes of a row at a time (of [inputs; h]'s Q = 8 here: 4
-    or 2 partial products added in float32, as a GPU's matmul adds its parts), and its transpose
-    in the backward's, whose programs for each 8 bytes of Q's columns compute their block's
-    gradients again, the first of them writing the cell gradient that the others read. The
-    backward cell kernel ("pallas") multiplies its block's d_h_raw by W_proj's 8 bytes of P at a
-    time (the gradient of o tanh(c), which the XLA cell gets from a matmul)."""
+    The gates' transposed product, which contracts over the cell, runs as 4 partial products of
+    2 of the C = 8 cell columns each (the kernels' blocks as wide), which the kernel after it
+    adds (in bfloat16, whose products this CPU rounds, added and rounded once, as the XLA
+    cell's). The projection runs in the outputs' kernel, each program's block of P = 4 columns 2
+    wide and 8 bytes of the cell's columns at a time (2 or 4 partial products, rounded once in
+    bfloat16 as the XLA cell's), from the slot the cell wrote: a program that read another slot
+    or another block's columns of W_proj fails this. The same with the gates' matmul in the
+    forward's kernel ("fused"), which multiplies its block of rows by W 8 bytes of a row at a
+    time (of [inputs; h]'s Q = 8 here: 4 or 2 partial products added in float32, as a GPU's
+    matmul adds its parts), and its transpose in the backward's, whose programs for each 8 bytes
+    of Q's columns compute their block's gradients again, the first of them writing the cell
+    gradient that the others read. The backward cell kernel ("pallas") multiplies its block's
+    d_h_raw by W_proj's 8 bytes of P at a time (the gradient of o tanh(c), which the XLA cell
+    gets from a matmul)."""
     from elmo_jax.model import cell_kernels
 
     monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
     monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH_BYTES", 8)
     monkeypatch.setattr(cell_kernels, "_FUSED_BACK_Q_BYTES", 8)
     monkeypatch.setattr(cell_kernels, "_BACK_DEPTH_BYTES", 8)
+    monkeypatch.setattr(cell_kernels, "_PROJ_COLUMNS", 2)
+    monkeypatch.setattr(cell_kernels, "_PROJ_DEPTH_BYTES", 8)
     config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
@@ -334,7 +340,8 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
     args = (params, x, state)
     program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, ours)))(*args))
     fused = ("gates_and_forward_cell", "backward_cell_and_gates_product")
-    kernels = (*(fused if ours == "fused" else ("forward_cell", "backward_cell")), "forward_output", "backward_output")
+    own = ("projection_and_output", "backward_output")
+    kernels = (*(fused if ours == "fused" else ("forward_cell", "backward_cell")), *own)
     assert all(f"lstm_{kernel}" in program for kernel in kernels)
     # On a GPU the two add the same products in other orders (float32), which the bfloat16
     # roundings that follow can amplify: there, the spread of one bfloat16 rounding of the inputs.
@@ -373,7 +380,7 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
         c0 = z[:, :, 0, :, 0]
         return forward_cell(
             0, z, b_LDG=jnp.zeros((L, D, 4 * C)), c0_LDBC=c0, mask_LBS=jnp.ones((L, B, S), jnp.int32),
-            acts_LDBSG=slots[0], c_LDBSC=slots[1], a_LDBSC=slots[2], J=1, clip=3.0,
+            acts_LDBSG=slots[0], c_LDBSC=slots[1], a_LDBSC=slots[2], clip=3.0,
         )  # fmt: skip
 
     z = jnp.zeros((L, D, 1, B, 4, C))  # the cell's columns in 1 part
@@ -393,20 +400,28 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
         jax.jit(data_parallel)(z)
 
 
-def test_the_fused_cell_is_refused_where_its_products_are_too_small_for_triton():
-    """Traced for a GPU, the kernel with the gates' matmul in it refuses blocks under 16 rows
-    (B = 4 rows here), which Triton's matmuls do not take, naming the cell that still runs."""
+def test_the_kernels_with_products_are_refused_where_their_blocks_are_too_small_for_triton():
+    """Traced for a GPU, the kernels with a matmul in them (the fused cell's, and the
+    projection's, which both of our cells run) refuse blocks under 16 rows (B = 4 rows here),
+    which Triton's matmuls do not take, naming the cell that still runs."""
     from elmo_jax.errors import UserError
     from elmo_jax.model.backend import tracing_for
-    from elmo_jax.model.cell_kernels import gates_and_forward_cell
+    from elmo_jax.model.cell_kernels import gates_and_forward_cell, projection_and_output
 
-    L, D, B, S, C, Q = 2, 2, 4, 3, 64, 32
+    L, D, B, S, C, Q, P = 2, 2, 4, 3, 64, 32, 16
+    mask = jnp.ones((L, B, S), jnp.int32)
     with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 64, 32\).*use lstm_cell='xla'"):
         gates_and_forward_cell(
             0, jnp.zeros((L, D, B, Q)), jnp.zeros((L, D, 1, Q, 4, C)), b_LDG=jnp.zeros((L, D, 4 * C)),
-            c0_LDBC=jnp.zeros((L, D, B, C)), mask_LBS=jnp.ones((L, B, S), jnp.int32),
-            acts_LDBSG=jnp.zeros((L, D, B, S, 4 * C)), c_LDBSC=jnp.zeros((L, D, B, S, C)),
-            a_LDBSC=jnp.zeros((L, D, B, S, C)), J=1, clip=None,
+            c0_LDBC=jnp.zeros((L, D, B, C)), mask_LBS=mask, acts_LDBSG=jnp.zeros((L, D, B, S, 4 * C)),
+            c_LDBSC=jnp.zeros((L, D, B, S, C)), a_LDBSC=jnp.zeros((L, D, B, S, C)), clip=None,
+        )  # fmt: skip
+    slots = jnp.zeros((L, D, B, S, P))
+    with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 16, 64\).*use lstm_cell='xla'"):
+        projection_and_output(
+            0, jnp.zeros((L, D, B, S, C), jnp.bfloat16), jnp.zeros((L, D, C, P), jnp.bfloat16),
+            jnp.zeros((L, D, B, P)), mask_LBS=mask, x_DBSP=slots[0], keep_UDBSP=None, h_LDBSP=slots,
+            out_LDBSP=slots, clip=None, skip=True, rate=None,
         )  # fmt: skip
 
 

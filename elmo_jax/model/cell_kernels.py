@@ -1,12 +1,15 @@
 """The LSTM cell of the wavefront's training step as Pallas kernels of our own
-(`lstm_cell="pallas"`), two a step each way around the step's other matmuls, where XLA's fusions of
-the same arithmetic take 8 and 7 and write each save slot with a kernel of its own:
+(`lstm_cell="pallas"`), two a step each way around the gates' matmul and its transpose, where
+XLA's fusions of the same arithmetic take 8 and 7 and write each save slot with a kernel of its
+own:
 
 - forward, after the gates' matmul (`forward_cell`): the gate activations, written to their save
   slot, the cell update, the carried and saved cell, and the projection's operand o * tanh(c),
-  saved too; after the projection (`forward_output`): its clip and mask, the carried and saved
-  h, the layers' outputs with the residual, saved, and the next step's matmul operand
-  [inputs; h] with the dropout on the inputs from the layer below;
+  written once, to its save slot; then the projection (`projection_and_output`: each program
+  multiplies its block of rows of that operand, read from its slot, by its block of W_proj's
+  columns, the product in registers) with its clip and mask, the carried and saved h, the
+  layers' outputs with the residual, saved, and the next step's matmul operand [inputs; h]
+  with the dropout on the inputs from the layer below;
 - backward (`backward_cell`): the gradient of o * tanh(c), its block of the projection's
   transposed product (d_h_raw times W_proj's transpose: it never reaches device memory), the
   cell the step left, computed again from its activations and the cell before
@@ -21,20 +24,21 @@ same numbers as the XLA cell (`wavefront._xla_train_loop`, `wavefront._xla_backw
 of both is `cell_math`'s). Each kernel takes its inputs and outputs by name (`_call`); save slots
 are whole buffers passed through, an output named as its input (`input_output_aliases`), and
 written at the step's slot in place; each kernel declares the bytes it reads and writes, counted
-from the shapes it touches (`kernel_calls.nbytes`), which `elmo_jax.plan` reads. A grid program
-handles a block of rows (of one layer and direction) and of the cell's columns, the four gates of
-those columns together.
+from the shapes it touches (`kernel_calls.nbytes`), and the FLOPs of its products, which
+`elmo_jax.plan` reads. A grid program handles a block of rows (of one layer and direction) and
+of the cell's columns, the four gates of those columns together (the projection's: of its P
+columns).
 
 With `lstm_cell="fused"` the gates' matmul runs inside the forward's cell kernel
 (`gates_and_forward_cell`: the gates stay in registers) and their gradient's product with the
 weights inside the backward's (`backward_cell_and_gates_product`: d_gates written once, to
-their slot), three kernels a step each way.
+their slot): two kernels a step forward, three backward.
 
-No kernel of XLA's runs between ours: a matmul that contracts over the cell's columns with a
-small result (the projection, the gates' transposed product) runs as a batch of products over
-parts of those columns (`parts`), which `forward_output` and `backward_output` add, where XLA
-would split it itself and add the parts in a kernel of its own. The gates' weights and the
-arrays of gates come with the cell's columns in the backward product's parts.
+No kernel of XLA's runs between ours: the gates' transposed product, which contracts over the
+cell's columns with a small result, runs as a batch of products over parts of those columns
+(`parts`), which `backward_output` adds, where XLA would split it itself and add the parts in a
+kernel of its own. The gates' weights and the arrays of gates come with the cell's columns in
+its parts.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from elmo_jax.model.cell_math import (
     clipped_gradient,
 )
 from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
+from elmo_jax.model.matmul import narrow, rounds_results, widened
 
 _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its columns C (powers of 2)
 # A matmul whose contraction runs over the cell's C columns is split into parts (`parts`) until
@@ -84,6 +89,11 @@ _FUSED_BACK_ROWS, _FUSED_BACK_Q_BYTES, _FUSED_BACK_DEPTH, _FUSED_BACK_WARPS = 32
 # The backward cell kernel (`backward_cell`): the bytes of each row of d_h_raw and W_proj that
 # it multiplies at a time (64 columns of P in bfloat16, 32 in float32).
 _BACK_DEPTH_BYTES = 128
+# The projection's kernel (`projection_and_output`), at most: a block's rows and P columns (at
+# 128 rows a device, 16 blocks of rows x 8 of P's 512 columns: 128 programs), and the bytes of
+# each row of its operand a that it multiplies at a time (128 of C's columns in bfloat16, 64 in
+# float32; its operands' stages fit an A100's shared memory: `elmo_jax plan` compiles it).
+_PROJ_ROWS, _PROJ_COLUMNS, _PROJ_DEPTH_BYTES = 32, 64, 256
 
 
 class _Block:
@@ -143,14 +153,14 @@ def _dropped(x, keep_ref, index: tuple, rate: float | None):
 # buffers written at slot s.
 
 
-def _forward_kernel(*, counter, c0, b, mask, z, acts, cells, a_slots, a, clip, B, D):
+def _forward_kernel(*, counter, c0, b, mask, z, acts, cells, a_slots, clip, B, D):
     at = _Block(counter, mask, block=c0.shape, B=B, D=D, down=False)
     j, part_columns = at.in_parts(z.shape[-1])
     z_gates = [z[at.ld, j, at.b, g, part_columns] for g in range(4)]
-    _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, a=a, clip=clip)
+    _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, clip=clip)
 
 
-def _gates_and_forward_kernel(*, counter, c0, b, mask, rows, W, acts, cells, a_slots, a, clip, B, D, depth):
+def _gates_and_forward_kernel(*, counter, c0, b, mask, rows, W, acts, cells, a_slots, clip, B, D, depth):
     # Grid (row blocks, column blocks), rows fastest: the programs that read a block of W's
     # columns run side by side, so that W is read from device memory once.
     at = _Block(counter, mask, block=c0.shape, B=B, D=D, down=False)
@@ -164,7 +174,7 @@ def _gates_and_forward_kernel(*, counter, c0, b, mask, rows, W, acts, cells, a_s
     zeros = tuple(jnp.zeros(c0.shape, jnp.float32) for _ in range(4))
     sums = jax.lax.fori_loop(0, rows.shape[1] // depth, accumulate, zeros)
     z_gates = [s.astype(acts.dtype) for s in sums]  # rounded as the matmul's result before the cell
-    _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, a=a, clip=clip)
+    _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, clip=clip)
 
 
 def _product(x, w) -> jax.Array:
@@ -172,10 +182,10 @@ def _product(x, w) -> jax.Array:
     return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _cell_after_gates(at: _Block, z_gates, *, b, c0, acts, cells, a_slots, a, clip):
+def _cell_after_gates(at: _Block, z_gates, *, b, c0, acts, cells, a_slots, clip):
     """The forward cell of a block from its gates' pre-activations without the bias (4 blocks in
     the compute dtype): the activations, the cell and the projection's operand, written to their
-    slots (and the operand in its parts)."""
+    slots (the projection's kernel reads the operand from its slot)."""
     gates = []
     for g, ((slope, offset, shift), z_g) in enumerate(zip(GATES, z_gates, strict=True)):
         act = activation(z_g.astype(jnp.float32) + b[0, g, :][None, :], slope, offset, shift).astype(acts.dtype)
@@ -185,14 +195,29 @@ def _cell_after_gates(at: _Block, z_gates, *, b, c0, acts, cells, a_slots, a, cl
     c = _cell_before(at, c0, cells)
     c_new = cell_update(si, tj, sf, c, clip)
     cells[at.rows, at.s, at.columns] = jnp.where(at.ran, c_new, c)
-    a_new = (so * jnp.tanh(c_new)).astype(a.dtype)
-    j, part_columns = at.in_parts(a.shape[-1])
-    a[at.ld, j, at.b, part_columns] = a_new
-    a_slots[at.rows, at.s, at.columns] = a_new
+    a_slots[at.rows, at.s, at.columns] = (so * jnp.tanh(c_new)).astype(a_slots.dtype)
 
 
-def _output_kernel(*, counter, h, mask, h_raw, x, keep, h_slots, outs, rows, clip, skip, rate, B, D):
+def _projection_and_output_kernel(
+    *, counter, h, mask, a_slots, W, x, keep, h_slots, outs, rows, clip, skip, rate, rounded, depth, B, D
+):  # fmt: skip
     at = _Block(counter, mask, block=h.shape, B=B, D=D, down=False)
+
+    def accumulate(k, total):  # the products of `depth` of the cell's columns at a time
+        q = pl.ds(k * depth, depth)
+        return total + _product(a_slots[at.rows, at.s, q], W[at.ld, q, at.columns])
+
+    total = jax.lax.fori_loop(0, a_slots.shape[-1] // depth, accumulate, jnp.zeros(h.shape, jnp.float32))
+    h_raw = widened(narrow(total, a_slots.dtype)) if rounded else total  # as XLA's product on CPU
+    _output_after_projection(
+        at, h_raw, h=h, x=x, keep=keep, h_slots=h_slots, outs=outs, rows=rows, clip=clip, skip=skip, rate=rate
+    )
+
+
+def _output_after_projection(at: _Block, h_raw, *, h, x, keep, h_slots, outs, rows, clip, skip, rate):
+    """A block's outputs from its unclipped projection h_raw (float32): the clip and mask, the
+    carried h and its slot, the layers' outputs with the residual and their slot, and its part of
+    the next step's operand [inputs; h], with the dropout on the inputs from the layer below."""
     L, S, P = outs.shape[0], outs.shape[3], outs.shape[4]
     layer, d, b = at.layer, at.d, at.b
     below, after = jnp.maximum(layer - 1, 0), jnp.minimum(at.s + 1, S - 1)
@@ -204,7 +229,7 @@ def _output_kernel(*, counter, h, mask, h_raw, x, keep, h_slots, outs, rows, cli
     upper = outs[below, d, b, jnp.maximum(at.s - 1, 0), at.columns]
     upper = jnp.where(at.s == 0, 0.0, dropped(upper, below, at.s))
     inputs = jnp.where(layer == 0, x[d, b, at.s, at.columns], upper)
-    h_new = clipped(_summed(h_raw, at.ld, b, at.columns), clip)
+    h_new = clipped(h_raw, clip)
     out = jnp.where(at.ran, jnp.where(skip & (layer > 0), h_new + inputs, h_new), 0.0)
     h_kept = jnp.where(at.ran, h_new, h[...])
     h[...] = h_kept
@@ -434,34 +459,33 @@ def parts(C: int, result_size: int) -> int:
     """J, the parts of the cell's C columns that a matmul contracting over them, with a result of
     `result_size` elements, runs as products of their own: a power of 2, doubled while the
     result's blocks are fewer than _PARALLEL_BLOCKS and the parts stay _PART_COLUMNS wide. The
-    gates' weights and their products come in such parts, and the projection's operand."""
+    gates' weights and their products come in such parts."""
     J = 1
     while result_size * J < _PARALLEL_BLOCKS * 128 * 128 and C % (2 * J) == 0 and C // (2 * J) >= _PART_COLUMNS:
         J *= 2
     return J
 
 
-def forward_cell(s, z_LDJBGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, J: int, clip: float | None):
+def forward_cell(s, z_LDJBGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, clip: float | None):
     """Step s of the wavefront's training forward: gates z (L, D, J', B, 4, C / J') in the
     compute dtype, the cell's columns in J' parts (`parts`; the matmul's rounded result, without
     the bias b (L, D, 4C)), the initial cell (L, D, B, C: the cell before slot 0), the mask
     (L, B, S) int32, and the save slots of the activations (L, D, B, S, 4C, compute dtype), of
     the cell (L, D, B, S, C: the cell each step leaves, the one it read where it did not run;
-    the next step reads it there) and of the projection's operand (L, D, B, S, C, compute dtype:
-    the projection's weight gradient reads it) -> (the three slots with slot s written, the
-    projection's operand o * tanh(c) in the compute dtype, its columns in J parts
-    (L, D, J, B, C / J))."""
+    the next step reads it there) and of the projection's operand o * tanh(c) (L, D, B, S, C,
+    compute dtype: `projection_and_output` and W_proj's gradient read it) -> (the three slots
+    with slot s written)."""
     L, D, B, C = c0_LDBC.shape
     z = z_LDJBGc.reshape(L * D, -1, B, 4, z_LDJBGc.shape[-1])
     return _forward(
         _forward_kernel, "lstm_forward_cell", s, {"z": z}, gate_columns=z.shape[-1], read=(z,), flops=None,
         b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
-        J=J, clip=clip,
+        clip=clip,
     )  # fmt: skip
 
 
 def gates_and_forward_cell(
-    s, rows_LDBQ, W_LDJQGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, J: int, clip: float | None
+    s, rows_LDBQ, W_LDJQGc, *, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC, clip: float | None
 ):
     """`forward_cell` with the gates' matmul in the kernel (`lstm_cell="fused"`): the matmul's
     operand [inputs; h] (L, D, B, Q) and the gates' weights (L, D, J', Q, 4, C / J') in the
@@ -483,25 +507,24 @@ def gates_and_forward_cell(
         depth=math.gcd(Q, _FUSED_DEPTH_BYTES // rows.dtype.itemsize),
         rows=_FUSED_ROWS, columns=_FUSED_COLUMNS, warps=_FUSED_WARPS,
         b_LDG=b_LDG, c0_LDBC=c0_LDBC, mask_LBS=mask_LBS, acts_LDBSG=acts_LDBSG, c_LDBSC=c_LDBSC, a_LDBSC=a_LDBSC,
-        J=J, clip=clip,
+        clip=clip,
     )  # fmt: skip
 
 
 def _forward(
     kernel, name, s, gates: dict, *, gate_columns, read, flops, b_LDG, c0_LDBC, mask_LBS, acts_LDBSG, c_LDBSC, a_LDBSC,
-    J, clip, **static,
+    clip, **static,
 ):  # fmt: skip
     """`forward_cell` and `gates_and_forward_cell` around their kernels: `gates` what the kernel
     computes the gates from (whole arrays; their bytes `read`, each once), in parts of the cell's
     columns `gate_columns` wide, its products' `flops`, the rest `_call`'s and the kernel's."""
     L, D, B, C = c0_LDBC.shape
-    S, R, dtype = acts_LDBSG.shape[3], L * D * B, acts_LDBSG.dtype
+    S, R = acts_LDBSG.shape[3], L * D * B
     c0 = c0_LDBC.reshape(R, C)
     acts, cells, a_slots = acts_LDBSG.reshape(R, S, 4, C), c_LDBSC.reshape(R, S, C), a_LDBSC.reshape(R, S, C)
-    a = like(c0, (L * D, J, B, C // J), dtype)
     touched = nbytes(
         *read, b_LDG, _slot(cells),  # read: the gates (or their operands), the bias, the cell of slot s - 1 (or c0)
-        _slot(acts), _slot(cells), _slot(a_slots), a,  # written: the slots and the projection's operand
+        _slot(acts), _slot(cells), _slot(a_slots),  # written: the slots
         _rows(R, 1, jnp.int32),  # the mask's rows
     )  # fmt: skip
     out = _call(
@@ -515,11 +538,10 @@ def _forward(
             "acts": _Out(like(acts_LDBSG, acts.shape)),
             "cells": _Out(like(c_LDBSC, cells.shape)),
             "a_slots": _Out(like(a_LDBSC, a_slots.shape)),
-            "a": _Out(a),
         },
         touched=touched,
         flops=flops,
-        parts=(gate_columns, C // J),
+        parts=(gate_columns,),
         clip=clip,
         B=B,
         D=D,
@@ -529,7 +551,6 @@ def _forward(
         out["acts"].reshape(acts_LDBSG.shape),
         out["cells"].reshape(c_LDBSC.shape),
         out["a_slots"].reshape(a_LDBSC.shape),
-        out["a"].reshape(L, D, J, B, C // J),
     )
 
 
@@ -646,35 +667,41 @@ def backward_cell_and_gates_product(
     )
 
 
-def forward_output(
-    s, h_raw_LDJBP, h_LDBP, *, mask_LBS, x_DBSP, keep_UDBSP, h_LDBSP, out_LDBSP, clip, skip, rate, dtype
-):
-    """Step s of the wavefront's training forward after the projection: its result h_raw as J
-    partial sums (L, D, J, B, P) float32, added here, the carried h (L, D, B, P), the mask
-    (L, B, S) int32, the inputs x (D, B, S, P), the dropout's keep masks of layers >= 1
-    (L - 1, D, B, S, P) int8 or None (`rate` None), and the save slots of h and of the layers'
-    outputs (L, D, B, S, P) -> (those slots with slot s written, the new carried h, the next
-    step's matmul operand [inputs; h] (L, D, B, 2P) in `dtype`). `clip`: the projection's;
-    `skip`: the residual around layers >= 1."""
+def projection_and_output(
+    s, a_LDBSC, W_proj_LDCP, h_LDBP, *, mask_LBS, x_DBSP, keep_UDBSP, h_LDBSP, out_LDBSP, clip, skip, rate
+):  # fmt: skip
+    """Step s of the wavefront's training forward after the cell: the projection of its operand
+    a, read from its save slots (L, D, B, S, C) at slot s, by W_proj (L, D, C, P) (both in the
+    compute dtype; float32 sums, rounded to it where XLA's product is, `matmul.rounds_results`),
+    then its clip and mask, given the carried h (L, D, B, P), the mask (L, B, S) int32, the
+    inputs x (D, B, S, P), the dropout's keep masks of layers >= 1 (L - 1, D, B, S, P) int8 or
+    None (`rate` None), and the save slots of h and of the layers' outputs (L, D, B, S, P) ->
+    (those slots with slot s written, the new carried h, the next step's matmul operand
+    [inputs; h] (L, D, B, 2P) in the compute dtype). `clip`: the projection's; `skip`: the
+    residual around layers >= 1. Each grid program multiplies its block of rows by its block of
+    W_proj's columns, a few of the cell's columns at a time (_PROJ_DEPTH_BYTES): the product never
+    reaches device memory.
+
+    Bytes declared: a's slot and W_proj once (the programs that share a block of either read it
+    from L2: W_proj is 16.8 MB at the original size in bfloat16, a's slot 4.2 MB at 128 rows)."""
     L, D, B, P = h_LDBP.shape
-    R = L * D * B
-    J, h = h_raw_LDJBP.shape[2], h_LDBP.reshape(R, P)
-    h_raw = h_raw_LDJBP.reshape(L * D, J, B, P)
+    C, R, dtype = a_LDBSC.shape[-1], L * D * B, a_LDBSC.dtype
+    a_slots, W, h = a_LDBSC.reshape(R, -1, C), W_proj_LDCP.reshape(L * D, C, P), h_LDBP.reshape(R, P)
     keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_UDBSP is None else keep_UDBSP
     rows = like(h, (R, 2 * P), dtype)
     keep_rows = [_rows(R, P, jnp.int8)] * (2 if rate else 0)  # of this step and the next
     touched = nbytes(
-        h_raw, h, _rows(R, P, h.dtype),  # read: h_raw's parts, h, the inputs
+        _slot(a_slots), W, h, _rows(R, P, h.dtype),  # read: a's slot, W_proj, h, the inputs
         h, _rows(R, P, h.dtype), _rows(R, P, h.dtype), rows,  # written: h, its slot, the outputs' slot, [inputs; h]
         *keep_rows, _rows(R, 1, jnp.int32),  # the keep masks' rows, the mask's
     )  # fmt: skip
     out = _call(
-        _output_kernel,
-        "lstm_forward_output",
+        _projection_and_output_kernel,
+        "lstm_projection_and_output",
         s,
         mask_LBS,
         blocked={"h": h},
-        whole={"h_raw": h_raw, "x": x_DBSP, "keep": keep, "h_slots": h_LDBSP, "outs": out_LDBSP},
+        whole={"a_slots": a_slots, "W": W, "x": x_DBSP, "keep": keep, "h_slots": h_LDBSP, "outs": out_LDBSP},
         outputs={
             "h_slots": _Out(like(h_LDBSP, h_LDBSP.shape)),
             "outs": _Out(like(out_LDBSP, out_LDBSP.shape)),
@@ -682,9 +709,14 @@ def forward_output(
             "rows": _Out(rows),
         },
         touched=touched,
+        flops=2 * R * C * P,
+        rows=_PROJ_ROWS,
+        columns=_PROJ_COLUMNS,
         clip=clip,
         skip=skip,
         rate=rate,
+        rounded=rounds_results(dtype.name),
+        depth=math.gcd(C, _PROJ_DEPTH_BYTES // dtype.itemsize),
         B=B,
         D=D,
     )

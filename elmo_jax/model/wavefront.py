@@ -25,9 +25,9 @@ from elmo_jax.model.cell_kernels import (
     backward_cell_and_gates_product,
     backward_output,
     forward_cell,
-    forward_output,
     gates_and_forward_cell,
     parts,
+    projection_and_output,
 )
 from elmo_jax.model.cell_math import (
     GATES,
@@ -327,34 +327,30 @@ def _xla_train_loop(wave: _Wave, W_loop, b, W_proj_loop, gates_x_1DBSG, h_LDBP, 
 def _own_train_loop(wave: _Wave, W_loop, b, W_proj_loop, h_LDBP, c_LDBC, slots: _Slots, st: Stack):
     """The training forward with the cell and the outputs as our kernels (several layers), the
     next step's operand [inputs; h] carried -> (final h, final c, the save buffers written).
-    W_loop (L, D, J, 2P, 4, C / J): the gates' weights in J parts of the cell's columns."""
+    W_loop (L, D, J, 2P, 4, C / J): the gates' weights in J parts of the cell's columns. The
+    projection runs in the outputs' kernel, from the operand's save slot."""
     L, D, B, P = h_LDBP.shape
     J = W_loop.shape[2]
     C = W_proj_loop.shape[2]
-    J_proj = parts(C, L * D * B * P)  # the projection's operand's parts
     ran_LBS, keep_8, rate = _kernel_masks(wave.mask_LBS, wave.keep_UDBSP, st.dropout)
 
     def cell(s, rows, slots):
-        """-> acts, cells, a slots and the projection's operand a: the gates' product in the
-        weights' parts of the cell's columns, the rows broadcast to each, then the cell; or
-        both in one kernel (`st.cell` "fused")."""
+        """-> acts, cells and a slots: the gates' product in the weights' parts of the cell's
+        columns, the rows broadcast to each, then the cell; or both in one kernel (`st.cell`
+        "fused")."""
         kept = dict(b_LDG=b, c0_LDBC=c_LDBC, mask_LBS=ran_LBS, acts_LDBSG=slots.acts, c_LDBSC=slots.c, a_LDBSC=slots.a)
         if st.cell == "fused":
-            return gates_and_forward_cell(s, rows, W_loop, **kept, J=J_proj, clip=st.clips.cell)
+            return gates_and_forward_cell(s, rows, W_loop, **kept, clip=st.clips.cell)
         rows_J = jnp.broadcast_to(rows[:, :, None], (L, D, J, B, 2 * P))
         z = rounded_einsum("ldjbq,ldjqn->ldjbn", rows_J, W_loop.reshape(L, D, J, 2 * P, -1), st.dtype)
-        return forward_cell(s, z.reshape(L, D, J, B, 4, C // J), **kept, J=J_proj, clip=st.clips.cell)
+        return forward_cell(s, z.reshape(L, D, J, B, 4, C // J), **kept, clip=st.clips.cell)
 
     def step(s, carry):
         h, rows, slots = carry
-        acts, cells, a_slots, a = cell(s, rows, slots)
-        if rounds_results(st.dtype):  # one product, rounded once, as the XLA cell's (XLA on CPU)
-            h_raw = einsum("ldbc,ldcp->ldbp", _joined(a), W_proj_loop, st.dtype)[:, :, None]
-        else:  # J_proj partial products, which forward_output adds
-            h_raw = einsum("ldjbc,ldjcp->ldjbp", a, W_proj_loop.reshape(L, D, J_proj, -1, P), st.dtype)
-        h_slots, outs, h, rows = forward_output(
-            s, h_raw, h, mask_LBS=ran_LBS, x_DBSP=wave.x_DBSP, keep_UDBSP=keep_8, h_LDBSP=slots.h,
-            out_LDBSP=slots.out, clip=st.clips.proj, skip=st.skip, rate=rate, dtype=st.dtype,
+        acts, cells, a_slots = cell(s, rows, slots)
+        h_slots, outs, h, rows = projection_and_output(
+            s, a_slots, W_proj_loop, h, mask_LBS=ran_LBS, x_DBSP=wave.x_DBSP, keep_UDBSP=keep_8, h_LDBSP=slots.h,
+            out_LDBSP=slots.out, clip=st.clips.proj, skip=st.skip, rate=rate,
         )  # fmt: skip
         return h, rows, _Slots(h_slots, acts, cells, outs, a_slots)
 

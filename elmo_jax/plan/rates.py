@@ -44,14 +44,16 @@ PRIOR_WEIGHT = 0.05
 MEASURED_TARGETS = ("h200",)
 # Our Pallas kernels that ran in the measured runs (gpu.sh of 2026-12-04 at 8ea964e, the
 # "pallas cell" runs): the pallas class's rate is fitted on them alone. Any other kernel of ours
-# (the char CNN's, a fused matmul's) has never run on a device: its expected time borrows that rate.
+# (the char CNN's, a fused matmul's, lstm_projection_and_output: lstm_forward_output with the
+# projection in it) has never run on a device: its expected time borrows that rate.
 MEASURED_PALLAS = ("lstm_forward_cell", "lstm_forward_output", "lstm_backward_cell", "lstm_backward_output")
 # How their code changed since that run (plan says so where they are in a program): their numbers
 # since are checked only interpreted on a CPU, and the rate fitted on them is their old code's.
 CHANGED_SINCE_MEASURED = (
     "no kernel of XLA's between them (ef2aa99, 2026-12-04); the backward computes the cell of step s "
     "again instead of reading it (ce4dea1, 2026-12-06); the backward cell multiplies the projection's gradient by "
-    "W_proj's transpose itself, a product in a kernel measured without one (2026-12-06)"
+    "W_proj's transpose itself, a product in a kernel measured without one (2026-12-06); the forward cell writes "
+    "the projection's operand to its save slot only, where the projection's kernel reads it (2026-12-06)"
 )
 
 
