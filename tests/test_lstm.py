@@ -67,10 +67,10 @@ def numpy_stacks(params, x_DBTP, mask_BT, h0, c0, config, keep):
     return np.stack(outputs), np.stack(hs, axis=1), np.stack(cs, axis=1)
 
 
-def small_config(n_layers, skip):
+def small_config(n_layers, skip, C=8, P=4):
     return ModelConfig(
         lstm=LSTMConfig(
-            dim=8, projection_dim=4, n_layers=n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip
+            dim=C, projection_dim=P, n_layers=n_layers, cell_clip=1.5, proj_clip=0.7, use_skip_connections=skip
         ),
         char_cnn=CharCNNConfig(
             embedding_dim=4,
@@ -83,11 +83,12 @@ def small_config(n_layers, skip):
     )
 
 
-def random_case(n_layers, skip, seed=1):
-    """Large weights (both clips fire), a mask with a gap and short rows, a non-zero state."""
+def random_case(n_layers, skip, seed=1, B=3, C=8, P=4):
+    """Large weights (both clips fire), a mask with a gap and short rows, a non-zero state: B
+    rows, C cells, a projection of P."""
     rng = np.random.default_rng(seed)
-    config = small_config(n_layers, skip)
-    B, T, C, P = 3, 7, config.lstm.dim, config.lstm.projection_dim
+    config = small_config(n_layers, skip, C, P)
+    T = 7
     f32 = lambda *shape: np.asarray(rng.normal(0, 1.5, shape), np.float32)  # noqa: E731
     params = {
         f"layer_{layer}": {"W_0": f32(2, 2 * P, 4 * C), "B": f32(2, 4 * C), "W_P_0": f32(2, C, P)}
@@ -286,10 +287,22 @@ def test_both_schedules_give_the_same_gradients():
         assert_within_rounding(got, w, s)
 
 
+# The cell kernels' blocks in test_the_pallas_cell_computes_what_xlas_does: as small as they go
+# (B = 3 rows, C = 8 cells, P = 4: blocks of one row, several blocks every way), and the smallest
+# that Triton's products take on a GPU (16 each way: B = 16, C = 32, P = 16).
+_KERNEL_BLOCKS = {
+    "tiny": ((3, 8, 4), dict(_PART_COLUMNS=2, _FUSED_DEPTH_BYTES=8, _FUSED_BACK_Q_BYTES=8, _BACK_DEPTH_BYTES=8,
+                             _PROJ_COLUMNS=2, _PROJ_DEPTH_BYTES=8)),
+    "triton": ((16, 32, 16), dict(_PART_COLUMNS=16, _FUSED_DEPTH_BYTES=64, _FUSED_BACK_Q_BYTES=64,
+                                  _BACK_DEPTH_BYTES=64, _PROJ_COLUMNS=16, _PROJ_DEPTH_BYTES=64)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("blocks", sorted(_KERNEL_BLOCKS))
 @pytest.mark.parametrize("ours", ["pallas", "fused"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n_layers, skip, dropout", [(3, True, True), (2, False, False)])
-def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dropout, monkeypatch):
+def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dropout, blocks, monkeypatch):
     """The wavefront's training step with its cell and outputs as our Pallas kernels, forward
     and backward (interpreted here, as everywhere but on GPUs): every layer's outputs, the final
     state and every gradient equal the XLA cell's, with masked steps, a carried state, with both
@@ -307,16 +320,16 @@ def test_the_pallas_cell_computes_what_xlas_does(ours, dtype, n_layers, skip, dr
     of Q's columns compute their block's gradients again, the first of them writing the cell
     gradient that the others read. The backward cell kernel ("pallas") multiplies its block's
     d_h_raw by W_proj's 8 bytes of P at a time (the gradient of o tanh(c), which the XLA cell
-    gets from a matmul)."""
+    gets from a matmul). Again at the smallest blocks that Triton's products take, which a GPU
+    runs (benchmarks/gpu.sh runs this test there; it refuses the tiny blocks)."""
     from elmo_jax.model import cell_kernels
 
-    monkeypatch.setattr(cell_kernels, "_PART_COLUMNS", 2)
-    monkeypatch.setattr(cell_kernels, "_FUSED_DEPTH_BYTES", 8)
-    monkeypatch.setattr(cell_kernels, "_FUSED_BACK_Q_BYTES", 8)
-    monkeypatch.setattr(cell_kernels, "_BACK_DEPTH_BYTES", 8)
-    monkeypatch.setattr(cell_kernels, "_PROJ_COLUMNS", 2)
-    monkeypatch.setattr(cell_kernels, "_PROJ_DEPTH_BYTES", 8)
-    config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4)
+    if blocks == "tiny" and jax.default_backend() == "gpu":
+        pytest.skip("Triton's products take blocks of 16 or more each way")
+    (B, C, P), constants = _KERNEL_BLOCKS[blocks]
+    for name, value in constants.items():
+        monkeypatch.setattr(cell_kernels, name, value)
+    config, params, x, mask, state, keep = random_case(n_layers, skip, seed=4, B=B, C=C, P=P)
     keep = keep if dropout else None
     config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype=dtype)
     if not dropout:  # and without clips (options.json may have none)
