@@ -88,8 +88,9 @@ class ComputeSettings:
         "the wavefront's training cell: xla (XLA's fusions), pallas (our Triton kernels, two a step each way; "
         "GPUs only) or fused (pallas with the gates' matmul and its transpose inside the cell's kernels, the gates "
         "and their gradient's operand kept off device memory; never run on a GPU yet, tested interpreted on CPU); "
-        "naming pallas or fused needs lstm_schedule=wavefront; auto: pallas on GPUs where the schedule is the "
-        "wavefront of 2+ layers, else xla",
+        "naming pallas or fused needs lstm_schedule=wavefront, and on GPUs rows per device, cell and projection "
+        "in multiples of 16; auto: pallas on GPUs where the schedule is the wavefront of 2+ layers at such sizes, "
+        "else xla",
     )
     char_conv: str = setting(
         "auto",
