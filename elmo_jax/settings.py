@@ -85,9 +85,11 @@ class ComputeSettings:
     lstm_cell: str = setting(
         "auto",
         one_of(LSTM_CELLS),
-        "the wavefront's training cell: xla (XLA's fusions), pallas (our Triton kernels, two a step each way; "
-        "GPUs only) or fused (pallas with the gates' matmul and its transpose inside the cell's kernels, the gates "
-        "and their gradient's operand kept off device memory; never run on a GPU yet, tested interpreted on CPU); "
+        "the wavefront's training cell: xla (XLA's fusions), pallas (our Triton kernels, two a step each way, the "
+        "projection's product and its transpose in them; GPUs only; measured on a GPU before those products moved "
+        "in) or fused (pallas with the gates' matmul and its transpose inside the cell's kernels, the projection's "
+        "transpose XLA's, the gates and their gradient's operand kept off device memory; never run on a GPU yet, "
+        "tested interpreted on CPU); "
         "naming pallas or fused needs lstm_schedule=wavefront, and on GPUs rows per device, cell and projection "
         "in multiples of 16; auto: pallas on GPUs where the schedule is the wavefront of 2+ layers at such sizes, "
         "else xla",

@@ -438,11 +438,12 @@ def test_the_kernels_with_products_are_refused_where_their_blocks_are_too_small_
         )  # fmt: skip
 
 
-def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
+def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers(caplog):
     """lstm_cell='auto' (the default) is the Pallas cell where it was measured faster (a GPU, its
     default wavefront schedule, 2+ layers) and XLA's cell elsewhere, and where the rows a device
     runs, the cell or the projection are not multiples of 16 (Triton's products in its kernels
-    need blocks of 16 each way); a cell named is kept."""
+    need blocks of 16 each way: said once); a cell named is kept."""
+    from elmo_jax.model import kernel_calls
     from elmo_jax.model.backend import tracing_for
 
     two, one = random_case(2, True)[0], random_case(1, True)[0]
@@ -450,7 +451,9 @@ def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers():
     assert two.lstm_cell == "auto" and cell(two) == "xla"  # this CPU
     with tracing_for("gpu"):
         assert cell(two) == "pallas"  # "fused" only where named: it has not run on a GPU yet
+        kernel_calls.say_once.cache_clear()
         assert (cell(wide, 32), cell(wide, 24), cell(two, 32)) == ("pallas", "xla", "xla")  # two: C = 8, P = 4
+        assert "as ours need rows per device, cell and projection in multiples of 16 (here 24," in caplog.text
         assert cell(dataclasses.replace(two, lstm_cell="fused")) == "fused"
         assert cell(dataclasses.replace(two, lstm_schedule="layers")) == "xla"
         assert cell(one) == "xla"

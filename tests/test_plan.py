@@ -963,7 +963,7 @@ def test_a_char_cnn_kernel_that_fails_to_compile_gets_xlas_under_auto_with_one_w
 
     monkeypatch.setattr(kernel_calls, "_compile_alone", broken)
     monkeypatch.setattr(kernel_calls, "_REFUSALS", {})
-    kernel_calls._say_once.cache_clear()
+    kernel_calls.say_once.cache_clear()
     with tracing_for("gpu", abstract_devices(TARGETS["h100"], 1)[0]), caplog.at_level(logging.WARNING):
         assert token_encoder.resolved(_demo_model()).char_conv == "xla"
         assert token_encoder.conv(_demo_model()) == "xla"

@@ -115,4 +115,7 @@ def test_a_measured_kernel_of_ours_whose_code_changed_since_is_said_to_have_chan
     assert changed_since_measured(program) == ["lstm_backward_cell", "lstm_forward_cell"]
     (line,) = _changed_lines(changed_since_measured(program))
     assert line.startswith("changed since their measured run: lstm_backward_cell, lstm_forward_cell (")
+    assert "lstm_backward_cell: it computes the cell" in line and "lstm_forward_cell: no kernel" in line
+    (line,) = _changed_lines(changed_since_measured([ours("lstm_backward_output")]))  # each kernel's own changes
+    assert "lstm_backward_output: no kernel" in line and "W_proj" not in line
     assert changed_since_measured([ours("char_cnn_max")]) == [] and _changed_lines([]) == []

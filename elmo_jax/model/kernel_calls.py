@@ -151,11 +151,12 @@ def auto_choice(setting: str, what: str, unfit: Callable[[], str | None]) -> str
     except Exception as e:  # a compile error other than our blocks' not fitting: not ours to fail on
         reason = f"compiling them failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
     if reason:
-        _say_once(f"{setting}='auto': XLA's {what}, as ours cannot run here: {reason}")
+        say_once(f"{setting}='auto': XLA's {what}, as ours cannot run here: {reason}")
         return "xla"
     return "pallas"
 
 
 @functools.cache
-def _say_once(message: str) -> None:
+def say_once(message: str) -> None:
+    """Log `message` once a process (a setting's "auto" resolved to XLA's path: each trace asks)."""
     log.warning(message)

@@ -36,6 +36,7 @@ from elmo_jax.model import Params
 from elmo_jax.model.backend import backend
 from elmo_jax.model.cell_kernels import products_fit
 from elmo_jax.model.dropout import apply_dropout
+from elmo_jax.model.kernel_calls import say_once
 from elmo_jax.model.wavefront import Clips, Stack, wave_infer, wavefront, with_bias
 
 Leaf = TypeVar("Leaf")
@@ -182,9 +183,15 @@ def cell(config: ModelConfig, rows: int | None = None) -> str:
     if config.lstm_cell != "auto":
         return config.lstm_cell
     cfg = config.lstm
-    fit = rows is None or products_fit(rows, cfg.dim, cfg.projection_dim)
-    ours = backend() == "gpu" and schedule(config) == "wavefront" and cfg.n_layers >= 2 and fit
-    return "pallas" if ours else "xla"
+    if not (backend() == "gpu" and schedule(config) == "wavefront" and cfg.n_layers >= 2):
+        return "xla"
+    if rows is not None and not products_fit(rows, cfg.dim, cfg.projection_dim):
+        say_once(
+            f"lstm_cell='auto': XLA's cell, as ours need rows per device, cell and projection in multiples of 16 "
+            f"(here {rows}, {cfg.dim}, {cfg.projection_dim})"
+        )
+        return "xla"
+    return "pallas"
 
 
 def _stack(config: ModelConfig, dropout: float, rows: int) -> Stack:

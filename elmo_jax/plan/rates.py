@@ -47,14 +47,16 @@ MEASURED_TARGETS = ("h200",)
 # (the char CNN's, a fused matmul's, lstm_projection_and_output: lstm_forward_output with the
 # projection in it) has never run on a device: its expected time borrows that rate.
 MEASURED_PALLAS = ("lstm_forward_cell", "lstm_forward_output", "lstm_backward_cell", "lstm_backward_output")
-# How their code changed since that run (plan says so where they are in a program): their numbers
-# since are checked only interpreted on a CPU, and the rate fitted on them is their old code's.
-CHANGED_SINCE_MEASURED = (
-    "no kernel of XLA's between them (ef2aa99, 2026-12-04); the backward computes the cell of step s "
-    "again instead of reading it (ce4dea1, 2026-12-06); the backward cell multiplies the projection's gradient by "
-    "W_proj's transpose itself, a product in a kernel measured without one (2026-12-06); the forward cell writes "
-    "the projection's operand to its save slot only, where the projection's kernel reads it (2026-12-06)"
-)
+# How each one's code changed since that run (plan says so where they are in a program): their
+# numbers since are checked only interpreted on a CPU, and the rate fitted on them is their old code's.
+CHANGED_SINCE_MEASURED = {
+    "lstm_forward_cell": "no kernel of XLA's between it and the next (ef2aa99, 2026-12-04); it writes the "
+    "projection's operand to its save slot only, where lstm_projection_and_output reads it (8eaa40d, 2026-12-06)",
+    "lstm_backward_cell": "it computes the cell of step s again instead of reading it (ce4dea1, 2026-12-06) and "
+    "multiplies the projection's gradient by W_proj's transpose itself, a product in a kernel measured without one "
+    "(12ef166, 2026-12-06)",
+    "lstm_backward_output": "no kernel of XLA's between it and the cell's (ef2aa99, 2026-12-04)",
+}
 
 
 def feature_of(kernel: Kernel, target) -> str | None:
@@ -155,7 +157,7 @@ def never_run(kernels: list[Kernel]) -> dict[str, float]:
 def changed_since_measured(kernels: list[Kernel]) -> list[str]:
     """Our Pallas kernels of the program that the measured runs had, in code changed since
     (CHANGED_SINCE_MEASURED), by name."""
-    return sorted({name for k in kernels if k.kind == "pallas" and (name := pallas_name(k)) in MEASURED_PALLAS})
+    return sorted({name for k in kernels if k.kind == "pallas" and (name := pallas_name(k)) in CHANGED_SINCE_MEASURED})
 
 
 def expected(kernels: list[Kernel], target, collectives_s: float) -> dict | None:

@@ -147,11 +147,11 @@ def describe(result: dict, target: Target) -> list[str]:
         f"those hours: {r['devices']} device(s) at a global batch of {r['global_batch']:,} rows "
         f"({r['global_batch'] / RECIPE_GLOBAL_BATCH:.1f}x the paper's {RECIPE_GLOBAL_BATCH})",
         *large_batch_note(r["global_batch"]),
-        "by part (kernels, GB, estimated ms):",
+        "by part (kernels, GB, floor ms: bytes and FLOPs at the peaks, a launch each):",
     ]
     for name, p in r["parts"].items():
         lines.append(f"  {name:14s} {p['kernels']:6,d} {p['bytes'] / GB:8.2f} {p['seconds'] * 1e3:8.2f}")
-    lines.append("top kernels (runs, estimated ms, GFLOP and MB per run, dtype, part, JAX op):")
+    lines.append("top kernels (runs, floor ms of all runs, GFLOP and MB per run, dtype, part, JAX op):")
     for t in r["top_kernels"]:
         lines.append(
             f"  {t['runs']:4d} {t['seconds'] * 1e3:7.2f} {t['flops'] / 1e9:8.2f} {t['bytes'] / 1e6:9.1f} "
@@ -191,7 +191,7 @@ def _never_run_lines(never_run: dict[str, float]) -> list[str]:
     return [
         f"never run on a device: {names}: their numbers are checked only interpreted on a CPU (the tests), and an "
         f"expected time borrows the rate of the Pallas class, fitted on our LSTM cell's kernels "
-        f"({', '.join(rates.MEASURED_PALLAS)}), which have no matmuls"
+        f"({', '.join(rates.MEASURED_PALLAS)}), which had no matmuls then"
     ]
 
 
@@ -199,9 +199,10 @@ def _changed_lines(changed: list[str]) -> list[str]:
     """Our measured kernels in the program whose code has changed since their measured run."""
     if not changed:
         return []
+    how = "; ".join(f"{name}: {rates.CHANGED_SINCE_MEASURED[name]}" for name in changed)
     return [
-        f"changed since their measured run: {', '.join(changed)} ({rates.CHANGED_SINCE_MEASURED}): their numbers "
-        "since are checked only interpreted on a CPU, and the Pallas class's rate is their old code's"
+        f"changed since their measured run: {', '.join(changed)} ({how}): their numbers since are checked only "
+        "interpreted on a CPU, and the Pallas class's rate is their old code's"
     ]
 
 
