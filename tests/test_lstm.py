@@ -289,11 +289,12 @@ def test_both_schedules_give_the_same_gradients():
 
 # The cell kernels' blocks in test_the_pallas_cell_computes_what_xlas_does: as small as they go
 # (B = 3 rows, C = 8 cells, P = 4: blocks of one row, several blocks every way), and the smallest
-# that Triton's products take on a GPU (16 each way: B = 16, C = 32, P = 16).
+# that Triton's products take on a GPU (16 each way: B = 16, C = 32, P = 64, several blocks of
+# P's columns and chunks of its depth).
 _KERNEL_BLOCKS = {
-    "tiny": ((3, 8, 4), dict(_PART_COLUMNS=2, _FUSED_DEPTH_BYTES=8, _FUSED_BACK_Q_BYTES=8, _BACK_DEPTH_BYTES=8,
-                             _PROJ_COLUMNS=2, _PROJ_DEPTH_BYTES=8)),
-    "triton": ((16, 32, 16), dict(_PART_COLUMNS=16, _FUSED_DEPTH_BYTES=64, _FUSED_BACK_Q_BYTES=64,
+    "tiny": ((3, 8, 4), dict(_PART_COLUMNS=2, _PART_ALIGN=1, _FUSED_DEPTH_BYTES=8, _FUSED_BACK_Q_BYTES=8,
+                             _BACK_DEPTH_BYTES=8, _PROJ_COLUMNS=2, _PROJ_DEPTH_BYTES=8)),
+    "triton": ((16, 32, 64), dict(_PART_COLUMNS=16, _FUSED_DEPTH_BYTES=64, _FUSED_BACK_Q_BYTES=64,
                                   _BACK_DEPTH_BYTES=64, _PROJ_COLUMNS=16, _PROJ_DEPTH_BYTES=64)),
 }  # fmt: skip
 
@@ -375,6 +376,7 @@ def test_the_cell_kernels_split_a_contraction_over_the_cell_where_its_result_is_
     assert [parts(4096, 4 * rows * n) for rows in (128, 512) for n in (512, 1024)] == [8, 4, 2, 1]
     assert [parts(128, 4 * 32 * n) for n in (64, 128)] == [4, 4]
     assert parts(4096, 1) == 128 and parts(384, 1) == 8 and parts(8, 1) == 1
+    assert parts(80, 1) == 1 and parts(96, 1) == 2  # parts of whole 16s (80 not in two of 40)
 
 
 def test_the_pallas_cell_is_refused_where_it_cannot_run():
@@ -414,12 +416,13 @@ def test_the_pallas_cell_is_refused_where_it_cannot_run():
 
 
 def test_the_kernels_with_products_are_refused_where_their_blocks_are_too_small_for_triton():
-    """Traced for a GPU, the kernels with a matmul in them (the fused cell's, and the
-    projection's, which both of our cells run) refuse blocks under 16 rows (B = 4 rows here),
-    which Triton's matmuls do not take, naming the cell that still runs."""
+    """Traced for a GPU, the kernels with a matmul in them (the fused cell's, the projection's,
+    which both of our cells run, and the pallas backward cell's) refuse blocks under 16 rows (B =
+    4 rows here), which Triton's matmuls do not take, naming the cell that still runs. Sizes that
+    `products_fit` passes trace: a cell of 80 columns (16 x 5) stays in one part of 80, not 40."""
     from elmo_jax.errors import UserError
     from elmo_jax.model.backend import tracing_for
-    from elmo_jax.model.cell_kernels import gates_and_forward_cell, projection_and_output
+    from elmo_jax.model.cell_kernels import backward_cell, gates_and_forward_cell, products_fit, projection_and_output
 
     L, D, B, S, C, Q, P = 2, 2, 4, 3, 64, 32, 16
     mask = jnp.ones((L, B, S), jnp.int32)
@@ -436,6 +439,18 @@ def test_the_kernels_with_products_are_refused_where_their_blocks_are_too_small_
             jnp.zeros((L, D, B, P)), mask_LBS=mask, x_DBSP=slots[0], keep_UDBSP=None, h_LDBSP=slots,
             out_LDBSP=slots, clip=None, skip=True, rate=None,
         )  # fmt: skip
+    with tracing_for("gpu"), pytest.raises(UserError, match=r"\(4, 64, 16\).*use lstm_cell='xla'"):
+        backward_cell(
+            0, jnp.zeros((L, D, B, P), jnp.bfloat16), jnp.zeros((L, D, C, P), jnp.bfloat16), jnp.zeros((L, D, B, C)),
+            c0_LDBC=jnp.zeros((L, D, B, C)), mask_LBS=mask, acts_LDBSG=jnp.zeros((L, D, B, S, 4 * C), jnp.bfloat16),
+            c_LDBSC=jnp.zeros((L, D, B, S, C)), d_gates_LDBSG=jnp.zeros((L, D, B, S, 4 * C), jnp.bfloat16), J=1,
+            clip=None,
+        )  # fmt: skip
+    config, params, x, mask, state, _ = random_case(2, True, B=16, C=80, P=16)
+    config = dataclasses.replace(config, lstm_schedule="wavefront", compute_dtype="bfloat16", lstm_cell="pallas")
+    assert products_fit(16, 80, 16)
+    with tracing_for("gpu"):
+        jax.make_jaxpr(jax.grad(lambda p, x, s: lstm_stacks(p, x, mask, s, config)[0].sum()))(params, x, state)
 
 
 def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers(caplog):

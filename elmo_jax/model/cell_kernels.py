@@ -72,8 +72,9 @@ _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its c
 # its result has about this many blocks of 128 x 128 to compute in parallel (an H200 has 132
 # SMs), as XLA splits a long contraction with a small result anyway: then its partial sums are
 # added by our kernel after it, not by a kernel of XLA's of their own, each step. A part has at
-# least _PART_COLUMNS columns, and the kernels' blocks as many as divide every part.
-_PARALLEL_BLOCKS, _PART_COLUMNS = 128, 32
+# least _PART_COLUMNS columns, a multiple of _PART_ALIGN (the 16 columns a block of Triton's
+# products needs at the least), and the kernels' blocks as many as divide every part.
+_PARALLEL_BLOCKS, _PART_COLUMNS, _PART_ALIGN = 128, 32, 16
 # The kernel with the gates' matmul in it (`gates_and_forward_cell`), at most: a block's rows,
 # and columns of each of the 4 gates (a 128 x 256 tile, as Triton's matmuls on Hopper take, in
 # 8 warps); the bytes of each row of W that it multiplies at a time (64 rows in bfloat16, 32 in
@@ -256,7 +257,7 @@ def _backward_kernel(*, W_proj, d_h_raw, counter, d_c, c0, mask, acts, cells, d_
         return total + product
 
     d_a = jax.lax.fori_loop(0, d_h_raw.shape[1] // depth, accumulate, jnp.zeros(d_c.shape, jnp.float32))
-    d_a = d_a.astype(d_gates.dtype).astype(jnp.float32)  # rounded as the forward's gates (the XLA cell's product)
+    d_a = widened(narrow(d_a, d_gates.dtype))  # rounded as the forward's gates (the XLA cell's product)
     gates = [acts[at.rows, at.s, g, at.columns].astype(jnp.float32) for g in range(4)]
     c_prev = _cell_before(at, c0, cells)
     c_new = cell_left(gates, c_prev, at.ran, clip)  # computed again, not read from slot s
@@ -458,10 +459,15 @@ def _rows(R: int, width: int, dtype) -> jax.ShapeDtypeStruct:
 def parts(C: int, result_size: int) -> int:
     """J, the parts of the cell's C columns that a matmul contracting over them, with a result of
     `result_size` elements, runs as products of their own: a power of 2, doubled while the
-    result's blocks are fewer than _PARALLEL_BLOCKS and the parts stay _PART_COLUMNS wide. The
-    gates' weights and their products come in such parts."""
+    result's blocks are fewer than _PARALLEL_BLOCKS and the parts stay _PART_COLUMNS wide, in
+    whole multiples of _PART_ALIGN (so that C a multiple of 16 gives blocks of 16 columns or more:
+    `products_fit`). The gates' weights and their products come in such parts."""
     J = 1
-    while result_size * J < _PARALLEL_BLOCKS * 128 * 128 and C % (2 * J) == 0 and C // (2 * J) >= _PART_COLUMNS:
+    while (
+        result_size * J < _PARALLEL_BLOCKS * 128 * 128
+        and C % (2 * J * _PART_ALIGN) == 0
+        and C // (2 * J) >= _PART_COLUMNS
+    ):
         J *= 2
     return J
 

@@ -292,7 +292,7 @@ def max_and_ties(
     N, K = _sizes(chars, W, D)
     if K != bank_KF.shape[0]:
         raise ValueError(
-            f"the characters hold {K}-wide windows of {W} positions; the filter bank is {bank_KF.shape[0]}"
+            f"the characters hold {K}-wide windows of {W} positions; the filter bank has {bank_KF.shape[0]} rows"
         )
     F, M = bank_KF.shape[1], -(-W // 32)
     n_rows, n_columns = _within(block or chosen_block(MAX, W, D, K, F, dtype), N, F)

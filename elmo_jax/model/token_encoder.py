@@ -289,8 +289,7 @@ def highway(layers: Params, h_NF: jax.Array, n_layers: int, dtype: str) -> jax.A
     """`n_layers` highway layers (`layer_0`, ...) over (N, F) float32 -> (N, F) float32. Their
     products' results, and h's gradient through them, come rounded to `dtype` (`matmul`'s
     `rounded`: as XLA on CPU rounds them, so the tests' numbers are the accelerators'): in
-    bfloat16 the (N, F) products are written and read at half the bytes (H200, 1 x 512 rows:
-    1.4 GB a step fewer, `elmo-jax plan`)."""
+    bfloat16 the (N, F) products are written and read at half the bytes (docs/PERFORMANCE.md)."""
     for k in range(n_layers):
         hw = layers[f"layer_{k}"]
         gate = jax.nn.sigmoid(matmul(h_NF, hw["W_carry"], dtype, rounded=True) + hw["b_carry"])
