@@ -537,7 +537,7 @@ def test_plan_of_embedding_counts_every_matmul_of_its_programs():
     assert encoder["flops"] == 2 * 1024 * (conv + F * 2 * F + F * P)
     assert plan["positions_per_s"] == pytest.approx(24 * 8 / window["seconds"])
     assert plan["words_per_s"] == pytest.approx(2048 / encoder["seconds"])
-    assert 0 < window["memory"]["argument"] and "estimated:" in result.stdout
+    assert 0 < window["memory"]["argument"] and "at the floors:" in result.stdout
 
 
 # A TPU program's loop, as libtpu writes it: no known_trip_count (the trips are read from the

@@ -18,9 +18,10 @@ _WHILE = re.compile(r"\swhile\(.*?\bcondition=%?([\w.\-]+), body=%?([\w.\-]+)")
 KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-# A matmul: XLA's, a library's, or one in a kernel of ours (which declares its FLOPs).
+# A matmul: XLA's, a library's (cuBLAS, cuDNN's convolutions, oneDNN), or one in a kernel of
+# ours (which declares its FLOPs).
 _MATMUL = re.compile(
-    r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__onednn\$matmul)|" + re.escape(FLOPS_KEY)
+    r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__cudnn\$conv|__onednn\$matmul)|" + re.escape(FLOPS_KEY)
 )
 _COLLECTIVE = re.compile(
     r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
@@ -104,12 +105,17 @@ def loops(hlo_text: str) -> list[dict]:
                 "source": source,
                 "trip_count": trips,
                 "outer_trips": outer,
-                "matmul": any(_MATMUL.search(line) for name in inside for line in comps.get(name, [])),
+                "matmul": any(holds_matmul(line) for name in inside for line in comps.get(name, [])),
                 "computations": sorted(inside),
                 "ops": dict(sorted(ops.items())),
             }
         )
     return found
+
+
+def holds_matmul(line: str) -> bool:
+    """Whether an HLO instruction's line is a matmul or a call of one (`_MATMUL`)."""
+    return _MATMUL.search(line) is not None
 
 
 def recurrence(hlo_text: str) -> dict:

@@ -30,7 +30,7 @@ import re
 import numpy as np
 
 from elmo_jax.model.kernel_calls import BYTES_KEY, FLOPS_KEY
-from elmo_jax.plan.hlo import FREE_OPS, computations, tuple_elements
+from elmo_jax.plan.hlo import FREE_OPS, computations, holds_matmul, tuple_elements
 from elmo_jax.plan.instruction import DEFINITION, Instruction, required
 from elmo_jax.plan.trips import trip_count
 
@@ -205,12 +205,7 @@ class Program:
     @functools.cache  # noqa: B019 (one Program per compiled text)
     def _has_matmul(self, computation: str) -> bool:
         for inst in self.computations.get(computation, []):
-            if (
-                inst.opcode in ("dot", "convolution")
-                or _CONV_TARGET.search(inst.attrs)
-                or _GEMM_TARGET.search(inst.attrs)
-                or (inst.opcode == "custom-call" and _DECLARED_FLOPS.search(inst.attrs))  # a kernel of ours with one
-            ):
+            if holds_matmul(inst.line):
                 return True
             callees = [c for a in ("calls", "body", "to_apply", "branch_computations") for c in inst.called(a)]
             if any(self._has_matmul(c) for c in callees):

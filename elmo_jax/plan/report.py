@@ -281,7 +281,7 @@ def describe_embed(result: dict, target: Target) -> list[str]:
         f"{target.description} x {r['devices']}: embedding, {r['rows']} sentence rows x {r['window']} steps per LSTM "
         f"call, {r['words']} words of {r['columns']} characters per token encoder call, {r['lstm_schedule']} LSTM "
         f"schedule (compiled in {r['compile_s']:.0f} s, without the device)",
-        "per call (kernels, TFLOP, GB of HBM traffic, estimated ms, device memory GB: arguments + temporaries):",
+        "per call (kernels, TFLOP, GB of HBM traffic, floor ms, device memory GB: arguments + temporaries):",
     ]
     for name, p in r["programs"].items():
         m = p["memory"]
@@ -290,10 +290,10 @@ def describe_embed(result: dict, target: Target) -> list[str]:
             f"{p['seconds'] * 1e3:8.3f} {(m['argument'] + m['temp']) / GB:8.2f}"
         )
     lines += [
-        f"estimated: {r['positions_per_s']:,.0f} positions/s through the LSTMs, {r['words_per_s']:,.0f} words/s "
+        f"at the floors: {r['positions_per_s']:,.0f} positions/s through the LSTMs, {r['words_per_s']:,.0f} words/s "
         f"through the token encoder; {r['tokens_per_s']:,.0f} tokens/s for a text with {r['new_words_per_token']:g} "
         "distinct words per token",
-        "top kernels (runs, estimated ms, GFLOP and MB per run, dtype, program, JAX op):",
+        "top kernels (runs, floor ms, GFLOP and MB per run, dtype, program, JAX op):",
     ]
     for name, p in r["programs"].items():
         for t in p["top_kernels"]:
