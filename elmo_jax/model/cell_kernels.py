@@ -64,7 +64,7 @@ from elmo_jax.model.cell_math import (
     clipped,
     clipped_gradient,
 )
-from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
+from elmo_jax.model.kernel_calls import like, metadata, nbytes, product, refuse_where_unable
 from elmo_jax.model.matmul import narrow, rounds_results, widened
 
 _BLOCK_ROWS, _BLOCK_COLUMNS = 32, 128  # at most: a block's rows divide B, its columns C (powers of 2)
@@ -170,17 +170,12 @@ def _gates_and_forward_kernel(*, counter, c0, b, mask, rows, W, acts, cells, a_s
     def accumulate(k, sums):  # the products of `depth` rows of W at a time
         q = pl.ds(k * depth, depth)
         x = rows[at.rows, q]
-        return tuple(total + _product(x, W[at.ld, j, q, g, part_columns]) for g, total in enumerate(sums))
+        return tuple(total + product(x, W[at.ld, j, q, g, part_columns]) for g, total in enumerate(sums))
 
     zeros = tuple(jnp.zeros(c0.shape, jnp.float32) for _ in range(4))
     sums = jax.lax.fori_loop(0, rows.shape[1] // depth, accumulate, zeros)
     z_gates = [s.astype(acts.dtype) for s in sums]  # rounded as the matmul's result before the cell
     _cell_after_gates(at, z_gates, b=b, c0=c0, acts=acts, cells=cells, a_slots=a_slots, clip=clip)
-
-
-def _product(x, w) -> jax.Array:
-    """x (rows, depth) @ w (depth, columns), float32 out."""
-    return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _cell_after_gates(at: _Block, z_gates, *, b, c0, acts, cells, a_slots, clip):
@@ -206,7 +201,7 @@ def _projection_and_output_kernel(
 
     def accumulate(k, total):  # the products of `depth` of the cell's columns at a time
         q = pl.ds(k * depth, depth)
-        return total + _product(a_slots[at.rows, at.s, q], W[at.ld, q, at.columns])
+        return total + product(a_slots[at.rows, at.s, q], W[at.ld, q, at.columns])
 
     total = jax.lax.fori_loop(0, a_slots.shape[-1] // depth, accumulate, jnp.zeros(h.shape, jnp.float32))
     h_raw = widened(narrow(total, a_slots.dtype)) if rounded else total  # as XLA's product on CPU
@@ -250,11 +245,7 @@ def _backward_kernel(*, W_proj, d_h_raw, counter, d_c, c0, mask, acts, cells, d_
 
     def accumulate(k, total):  # d_a = d_h_raw @ W_proj's transpose, `depth` of the P columns at a time
         p = pl.ds(k * depth, depth)
-        product = jax.lax.dot_general(
-            d_h_raw[at.rows, p], W_proj[at.ld, at.columns, p], (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )  # fmt: skip
-        return total + product
+        return total + product(d_h_raw[at.rows, p], W_proj[at.ld, at.columns, p], (1, 1))
 
     d_a = jax.lax.fori_loop(0, d_h_raw.shape[1] // depth, accumulate, jnp.zeros(d_c.shape, jnp.float32))
     d_a = widened(narrow(d_a, d_gates.dtype))  # rounded as the forward's gates (the XLA cell's product)
@@ -304,9 +295,7 @@ def _backward_gates_kernel(
             d_c[1 - parity, rows, columns] = d_c_prev
 
         for g, d_gate in enumerate(d_gates):
-            total += jax.lax.dot_general(
-                d_gate, W[ld, j, q, g, in_part], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
+            total += product(d_gate, W[ld, j, q, g, in_part], (1, 1))
         return total
 
     total = jax.lax.fori_loop(0, part_width // depth, columns_step, jnp.zeros((n_rows, n_q), jnp.float32))

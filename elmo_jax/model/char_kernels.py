@@ -49,7 +49,7 @@ from jax.experimental.pallas import tpu as pltpu
 from elmo_jax.errors import UserError
 from elmo_jax.model import kernel_calls
 from elmo_jax.model.backend import backend, device
-from elmo_jax.model.kernel_calls import like, metadata, nbytes, refuse_where_unable
+from elmo_jax.model.kernel_calls import like, metadata, nbytes, product, refuse_where_unable
 
 ROWS, COLUMNS = 64, 128  # a block's words and filters, at most (powers of two, as Triton's blocks are)
 # (words, filters) of a block, tried in this order on a GPU until one fits its shared memory (`chosen_block`).
@@ -63,11 +63,6 @@ CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: 
 TILED_ROWS, TILED_COLUMNS = 256, 512
 LANES = 128  # a TPU block's words (the windows' last dimension) in multiples of these
 VMEM_LIMIT = 48 << 20
-
-
-def _product(a, b, contract: tuple[int, int]) -> jax.Array:
-    """a . b contracting a's axis contract[0] with b's contract[1], float32 out."""
-    return jax.lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _divmod(a, b: int):
@@ -102,13 +97,13 @@ def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, words_ref, *, W, D, dtyp
     rows = pl.ds(pl.program_id(1) * max_ref.shape[0], max_ref.shape[0])
     bank, last = bank_ref[...], last_ref[...]
 
-    def product(w):  # rounded to the compute dtype, -inf where the filter does not fit
-        y = _product(_window(chars_ref, rows, w, D, bank.shape[0]), bank, (1, 0))
+    def window_product(w):  # rounded to the compute dtype, -inf where the filter does not fit
+        y = product(_window(chars_ref, rows, w, D, bank.shape[0]), bank, (1, 0))
         return jnp.where(w <= last[None, :], y.astype(dtype).astype(jnp.float32), -jnp.inf)
 
     def position(w, carry):
         top, *words = carry
-        y, (at, bit) = product(w), _bit(w)
+        y, (at, bit) = window_product(w), _bit(w)
         above, tie = y > top, y == top
         words = [
             jnp.where(above, jnp.where(at == m, bit, 0), jnp.where(tie & (at == m), word | bit, word))
@@ -116,7 +111,7 @@ def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, words_ref, *, W, D, dtyp
         ]
         return (jnp.maximum(top, y), *words)
 
-    first = product(0)
+    first = window_product(0)
     words = [jnp.full(first.shape, 1 if m == 0 else 0, jnp.uint32) for m in range(words_ref.shape[0])]
     top, *words = jax.lax.fori_loop(1, W, position, (first, *words))
     max_ref[...] = top.astype(max_ref.dtype)  # exact: the max of values rounded to it
@@ -147,7 +142,7 @@ def _character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, *, W, wi
             at, bit = _bit(c - k)
             word = functools.reduce(lambda a, m: jnp.where(at == m, words[m], a), range(1, len(words)), words[0])
             g = jnp.where((word & bit) != 0, share, 0).astype(dtype)
-            return acc + _product(g, bank_ref[pl.ds(pl.multiple_of(k * Dp + q * DOT, DOT), DOT), columns], (1, 1))
+            return acc + product(g, bank_ref[pl.ds(pl.multiple_of(k * Dp + q * DOT, DOT), DOT), columns], (1, 1))
 
         return jax.lax.fori_loop(first, last, window, acc)
 
@@ -166,7 +161,7 @@ def _filter_gradient_kernel(chars_ref, share_ref, words_ref, out_ref, *, W, D, n
         block_, w = _divmod(t, W)
         rows = pl.ds(chunk * chunk_rows + block_ * n_rows, n_rows)
         g = _share(words_ref, share_ref, w, rows, columns, dtype)
-        return acc + _product(_window(chars_ref, rows, w, D, K), g, (0, 0))
+        return acc + product(_window(chars_ref, rows, w, D, K), g, (0, 0))
 
     acc = jnp.zeros((K, n_columns), jnp.float32)
     out_ref[chunk, :, columns] = jax.lax.fori_loop(0, chunk_rows // n_rows * W, block, acc)
@@ -178,12 +173,12 @@ def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dt
     # the outputs' blocks, position by position.
     bank, last = bank_ref[...], last_ref[...]
 
-    def product(w):  # rounded to the compute dtype, -inf where the filter does not fit
-        y = _product(windows_ref[w], bank, (0, 0))
+    def window_product(w):  # rounded to the compute dtype, -inf where the filter does not fit
+        y = product(windows_ref[w], bank, (0, 0))
         return jnp.where(w <= last, y.astype(dtype).astype(jnp.float32), -jnp.inf)
 
     def position(w, m: int, s):  # position w = 32 m + s: bit s of word m
-        y, top = product(w), max_ref[...].astype(jnp.float32)
+        y, top = window_product(w), max_ref[...].astype(jnp.float32)
         bit = jnp.left_shift(jnp.uint32(1), s.astype(jnp.uint32))
         above = y > top
         for other in range(words_ref.shape[0]):
@@ -194,7 +189,7 @@ def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dt
                 words_ref[other] = jnp.where(above, jnp.uint32(0), word)
         max_ref[...] = jnp.maximum(top, y).astype(max_ref.dtype)  # exact: values rounded to it
 
-    max_ref[...] = product(0).astype(max_ref.dtype)
+    max_ref[...] = window_product(0).astype(max_ref.dtype)
     words_ref[...] = jnp.zeros(words_ref.shape, jnp.uint32)
     words_ref[0] = jnp.ones(max_ref.shape, jnp.uint32)
     _over_positions(windows_ref.shape[0], position, first=1)
@@ -225,7 +220,7 @@ def _tiled_character_gradient_kernel(share_ref, words_ref, bank_ref, out_ref, wi
     share, bank = share_ref[...], bank_ref[...]
 
     def position(w, m, s):
-        windows_ref[w] += _product(bank, _tiled_share(words_ref, share, m, s, dtype), (1, 1))
+        windows_ref[w] += product(bank, _tiled_share(words_ref, share, m, s, dtype), (1, 1))
 
     W, C = windows_ref.shape[0], out_ref.shape[0]
     _over_positions(W, position)
@@ -246,7 +241,7 @@ def _tiled_filter_gradient_kernel(windows_ref, share_ref, words_ref, out_ref, *,
     share = share_ref[...]
 
     def position(w, m, s):
-        out_ref[0] += _product(windows_ref[w], _tiled_share(words_ref, share, m, s, dtype), (1, 0))
+        out_ref[0] += product(windows_ref[w], _tiled_share(words_ref, share, m, s, dtype), (1, 0))
 
     _over_positions(windows_ref.shape[0], position)
 

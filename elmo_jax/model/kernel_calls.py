@@ -40,6 +40,12 @@ def metadata(touched: int, flops: int | None = None) -> dict[str, str]:
     return declared if flops is None else {**declared, FLOPS_KEY: json.dumps(int(flops))}
 
 
+def product(a, b, contract: tuple[int, int] = (1, 0)) -> jax.Array:
+    """a . b inside a kernel, contracting a's axis contract[0] with b's contract[1] (a @ b; (1, 1):
+    a @ b's transpose), float32 out."""
+    return jax.lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32)
+
+
 def like(x: jax.Array, shape: tuple[int, ...], dtype=None) -> jax.ShapeDtypeStruct:
     """An output of `shape` as device-varying as x (under shard_map)."""
     return jax.ShapeDtypeStruct(shape, dtype or x.dtype, manual_axis_type=jax.typeof(x).manual_axis_type)
