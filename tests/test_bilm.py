@@ -315,6 +315,46 @@ def test_bfloat16_matmul_gradients_are_float32_products():
         assert error < 1e-6 and rounded_error > 100 * error, (name, error, rounded_error)
 
 
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+def test_the_highway_backward_pass_is_autodiffs_bit_for_bit(platform):
+    """`highway` in bfloat16 is differentiated by hand (`_highway_backward`: fewer bytes on
+    accelerators); its output and every gradient are autodiff's of the plain layers (products by
+    `matmul(..., rounded=True)`) exactly, traced for each platform, op by op (eager) on this CPU."""
+    from elmo_jax.model.backend import tracing_for
+    from elmo_jax.model.matmul import matmul
+    from elmo_jax.model.token_encoder import highway
+
+    def autodiff(layers, h_NF):
+        for k in range(3):
+            hw = layers[f"layer_{k}"]
+            gate = jax.nn.sigmoid(matmul(h_NF, hw["W_carry"], "bfloat16", rounded=True) + hw["b_carry"])
+            transform = jax.nn.relu(matmul(h_NF, hw["W_transform"], "bfloat16", rounded=True) + hw["b_transform"])
+            h_NF = gate * transform + (1.0 - gate) * h_NF
+        return h_NF
+
+    rng = np.random.default_rng(1)
+    N, F = 40, 24
+    layers = {
+        f"layer_{k}": {
+            "W_carry": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
+            "b_carry": jnp.asarray(rng.normal(size=F), jnp.float32),
+            "W_transform": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
+            "b_transform": jnp.asarray(rng.normal(size=F), jnp.float32),
+        }
+        for k in range(3)
+    }
+    h = jnp.asarray(np.where(rng.random((N, F)) < 0.2, 0.0, rng.normal(size=(N, F))), jnp.float32)
+    g = jnp.asarray(rng.normal(size=(N, F)), jnp.float32)
+    with tracing_for(platform):
+        results = []
+        for f in (lambda layers, h: highway(layers, h, 3, "bfloat16"), autodiff):
+            y, vjp = jax.vjp(f, layers, h)
+            results.append(jax.tree.leaves((y, vjp(g))))
+    for ours, theirs in zip(*results):
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_array_equal(ours, theirs)
+
+
 def test_the_highway_rounds_its_products_on_a_gpu_as_xla_on_cpu_does():
     """In bfloat16 the highway's products and h's gradient through them come rounded to
     bfloat16 on accelerators too (`matmul(..., rounded=True)`: half their bytes), as XLA on CPU
