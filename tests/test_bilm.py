@@ -345,6 +345,9 @@ def test_the_highway_backward_pass_is_autodiffs_bit_for_bit(platform):
     }
     h = jnp.asarray(np.where(rng.random((N, F)) < 0.2, 0.0, rng.normal(size=(N, F))), jnp.float32)
     g = jnp.asarray(rng.normal(size=(N, F)), jnp.float32)
+    for k in range(3):  # a transform pre-activation exactly 0: relu's gradient there is 0
+        layers[f"layer_{k}"]["W_transform"] = layers[f"layer_{k}"]["W_transform"].at[:, 0].set(0.0)
+        layers[f"layer_{k}"]["b_transform"] = layers[f"layer_{k}"]["b_transform"].at[0].set(0.0)
     with tracing_for(platform):
         results = []
         for f in (lambda layers, h: highway(layers, h, 3, "bfloat16"), autodiff):

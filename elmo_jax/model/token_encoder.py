@@ -287,13 +287,16 @@ def _kernel_sizes(config: ModelConfig) -> tuple[int, int, int, int]:
 
 def highway(layers: Params, h_NF: jax.Array, n_layers: int, dtype: str) -> jax.Array:
     """`n_layers` highway layers (`layer_0`, ...) over (N, F) float32 -> (N, F) float32. Their
-    products' results, and h's gradient through them, come rounded to `dtype` (`matmul`'s
-    `rounded`: as XLA on CPU rounds them, so the tests' numbers are the accelerators'): in
-    bfloat16 the (N, F) products are written and read at half the bytes (docs/PERFORMANCE.md).
-    In a narrower dtype than float32 differentiated by hand (`_highway_backward`), with
-    autodiff's numbers; in float32 by autodiff (its products' gradients are XLA's own, which
-    `_highway_backward`'s would not match bit for bit on CPU)."""
-    if dtype == "float32" or n_layers == 0:
+    products' results, and h's gradient through them, come rounded to `dtype` (as
+    `matmul(..., rounded=True)` rounds them: as XLA on CPU does, so the tests' numbers are the
+    accelerators'): in bfloat16 the (N, F) products are written and read at half the bytes
+    (docs/PERFORMANCE.md). In a narrower dtype than float32 differentiated by hand
+    (`_highway_backward`), autodiff's ops in autodiff's order; in float32 by autodiff (its
+    products' gradients are XLA's own, which `_highway_backward`'s would not match bit for bit
+    on CPU)."""
+    if n_layers == 0:
+        return h_NF
+    if dtype == "float32":
         for k in range(n_layers):
             hw = layers[f"layer_{k}"]
             gate = jax.nn.sigmoid(matmul(h_NF, hw["W_carry"], dtype) + hw["b_carry"])
@@ -327,15 +330,19 @@ def _highway_forward(weights, h_NF, dtype):
 
 
 def _highway_backward(dtype, saved, g_NF):
-    """Autodiff's gradients, op for op (the same numbers: tests/test_bilm.py), written so that
-    XLA reads each layer's (N, F) values once: on an H200 (`elmo-jax plan`, 512 rows in
-    bfloat16) the token encoder's backward pass moved 0.59 GB less than autodiff's.
+    """Autodiff's gradients, op for op (the same numbers run op by op: tests/test_bilm.py; under
+    jit XLA's fusions may round the bias sums and h's gradient an ulp differently, as they do
+    autodiff's own), in the dtypes of the params and h, written so that XLA reads each layer's
+    (N, F) values once: on an H200 (`elmo-jax plan`, 512 rows in bfloat16) the token encoder's
+    backward pass moved 0.59 GB less than autodiff's.
 
     - The carry gate's pre-activation gradient d_c goes to its product (in `dtype`) and to its
       bias's sum. XLA would not compute it (an exp and a division) in both the product's
       operand and the sum, and wrote it in float32 for a second kernel to read. Here the sum
       gets its own copy, -((-d_gate) * s) (the same number: negation is exact), which XLA
-      computes inside the kernel that writes the products' operands.
+      computes inside the kernel that writes the products' operands. XLA's simplifier folds
+      neither form today; a jaxlib that does would only show in `plan`'s bytes: check them on
+      upgrading.
     - Each layer's products' operands, its biases' sums and the gradient it carries past the
       gate, (1 - gate) * dy, pass an optimization barrier before the products: XLA had put a
       layer's bias sums in the next layer's kernel, which then read this layer's dy, h and
@@ -356,8 +363,15 @@ def _highway_backward(dtype, saved, g_NF):
         dW_t = jnp.tensordot(h_narrow, g_t, axes=((0,), (0,)), preferred_element_type=result_type(dtype))
         dW_c = jnp.tensordot(h_narrow, g_c, axes=((0,), (0,)), preferred_element_type=result_type(dtype))
         g_NF = (carried + widened(dx_t)) + widened(dx_c)
-        grads.append((widened(dW_c).astype(W_c.dtype), db_c, widened(dW_t).astype(W_t.dtype), db_t))
-    return tuple(reversed(grads)), g_NF
+        grads.append(
+            (
+                widened(dW_c).astype(W_c.dtype),
+                db_c.astype(b_c.dtype),
+                widened(dW_t).astype(W_t.dtype),
+                db_t.astype(b_t.dtype),
+            )
+        )
+    return tuple(reversed(grads)), g_NF.astype(saved[0][0].dtype)
 
 
 _highway.defvjp(_highway_forward, _highway_backward)

@@ -19,9 +19,10 @@ KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 # A matmul: XLA's, a library's (cuBLAS, cuDNN's convolutions, oneDNN), or one in a kernel of
-# ours (which declares its FLOPs).
+# ours (a custom call declaring its FLOPs).
 _MATMUL = re.compile(
-    r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__cudnn\$conv|__onednn\$matmul)|" + re.escape(FLOPS_KEY)
+    r"\s(?:dot|convolution)\(|custom_call_target=\"(?:__cublas|__cudnn\$conv|__onednn\$matmul)|"
+    r"\scustom-call\(.*" + re.escape(FLOPS_KEY)
 )
 _COLLECTIVE = re.compile(
     r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
