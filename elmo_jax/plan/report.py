@@ -137,7 +137,8 @@ def describe(result: dict, target: Target) -> list[str]:
         f"{r['compute_floor_s'] * 1e3:.1f} ms, memory {r['memory_floor_s'] * 1e3:.1f} ms, launches "
         f"{r['launches_s'] * 1e3:.1f} ms, collectives {r['collectives_s'] * 1e3:.1f} ms "
         f"({sum(r['collective_bytes'].values()) / 2**20:.0f} MiB)",
-        f"floor step {r['step_s'] * 1e3:.1f} ms (bytes and FLOPs at the peaks, {target.launch_s * 1e6:g} us a launch): "
+        f"floor step {r['step_s'] * 1e3:.1f} ms (each kernel at the larger of its bytes' and FLOPs' times at the "
+        f"peaks, {target.launch_s * 1e6:g} us a launch): "
         f"{r['tokens_per_s']:,.0f} tokens/s, the paper's run ({PAPER_TOKENS:.3g} tokens) in {r['paper_hours']:.1f} "
         f"hours",
         *_expected_lines(r["expected"]),
@@ -229,8 +230,10 @@ def large_batch_note(global_batch: int) -> list[str]:
 
 
 def _scope(source: str) -> str:
-    """A loop's JAX op, shortened to the scope it ran in: ".../lstm/while" -> "lstm"."""
-    return source.split("/")[-2] if "/" in source else source
+    """A loop's JAX op, shortened to the scope it ran in and the pass: ".../lstm/while" -> "lstm",
+    ".../transpose(jvp())/lstm/while" -> "lstm backward"."""
+    scope = source.split("/")[-2] if "/" in source else source
+    return f"{scope} backward" if "transpose(" in source else scope
 
 
 def estimate_embed(compiled: CompiledEmbed, target: Target) -> dict:
