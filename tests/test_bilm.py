@@ -315,6 +315,19 @@ def test_bfloat16_matmul_gradients_are_float32_products():
         assert error < 1e-6 and rounded_error > 100 * error, (name, error, rounded_error)
 
 
+def _highway_layers(rng: np.random.Generator, n_layers: int, F: int) -> dict:
+    """Random float32 params of `n_layers` highway layers of width F."""
+    return {
+        f"layer_{k}": {
+            "W_carry": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
+            "b_carry": jnp.asarray(rng.normal(size=F), jnp.float32),
+            "W_transform": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
+            "b_transform": jnp.asarray(rng.normal(size=F), jnp.float32),
+        }
+        for k in range(n_layers)
+    }
+
+
 @pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
 def test_the_highway_backward_pass_is_autodiffs_bit_for_bit(platform):
     """`highway` in bfloat16 is differentiated by hand (`_highway_backward`: fewer bytes on
@@ -334,15 +347,7 @@ def test_the_highway_backward_pass_is_autodiffs_bit_for_bit(platform):
 
     rng = np.random.default_rng(1)
     N, F = 40, 24
-    layers = {
-        f"layer_{k}": {
-            "W_carry": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
-            "b_carry": jnp.asarray(rng.normal(size=F), jnp.float32),
-            "W_transform": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
-            "b_transform": jnp.asarray(rng.normal(size=F), jnp.float32),
-        }
-        for k in range(3)
-    }
+    layers = _highway_layers(rng, 3, F)
     h = jnp.asarray(np.where(rng.random((N, F)) < 0.2, 0.0, rng.normal(size=(N, F))), jnp.float32)
     g = jnp.asarray(rng.normal(size=(N, F)), jnp.float32)
     for k in range(3):  # a transform pre-activation exactly 0: relu's gradient there is 0
@@ -368,15 +373,7 @@ def test_the_highway_rounds_its_products_on_a_gpu_as_xla_on_cpu_does():
 
     rng = np.random.default_rng(0)
     N, F = 48, 32
-    layers = {
-        f"layer_{k}": {
-            "W_carry": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
-            "b_carry": jnp.asarray(rng.normal(size=F), jnp.float32),
-            "W_transform": jnp.asarray(rng.normal(size=(F, F)) / np.sqrt(F), jnp.float32),
-            "b_transform": jnp.asarray(rng.normal(size=F), jnp.float32),
-        }
-        for k in range(2)
-    }
+    layers = _highway_layers(rng, 2, F)
     h, g = (jnp.asarray(rng.normal(size=(N, F)), jnp.float32) for _ in range(2))
 
     def run():
