@@ -185,6 +185,12 @@ def test_no_lstm_weight_is_converted_inside_a_loop(planned):
     assert not [shape for shape in converted if shape in weights]
 
 
+def _per_iteration(plan: dict, forward: bool) -> int:
+    """The kernels an iteration of the plan's forward (or backward: a transpose's) LSTM loop runs."""
+    (n,) = [n["kernels_per_iteration"] for n in plan["kernels"]["loops"] if ("transpose" in n["source"]) != forward]
+    return n
+
+
 @pytest.mark.slow
 @pytest.mark.launches
 def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touch(planned, planned_ours):
@@ -230,14 +236,10 @@ def test_the_pallas_cell_runs_the_loops_in_few_kernels_counted_as_what_they_touc
             k for k in kernels if k.loop == ours[0].loop and k.opcode == "copy" and k.bytes > 2 * f32 * rows * P
         ]
 
-    def per_iteration(p: dict, forward: bool) -> int:
-        (n,) = [n["kernels_per_iteration"] for n in p["kernels"]["loops"] if ("transpose" in n["source"]) != forward]
-        return n
-
     # 2 kernels of ours, the gates' matmul and the counter each way (the projections in ours; no
     # kernel of XLA's adds a matmul's parts)
-    assert per_iteration(plan, True) == 4 < 11 <= per_iteration(xla, True)
-    assert per_iteration(plan, False) == 4 < 10 <= per_iteration(xla, False)
+    assert _per_iteration(plan, True) == 4 < 11 <= _per_iteration(xla, True)
+    assert _per_iteration(plan, False) == 4 < 10 <= _per_iteration(xla, False)
     assert plan["parts"]["LSTM loops"]["flops"] == xla["parts"]["LSTM loops"]["flops"]
 
 
@@ -273,12 +275,8 @@ def test_the_fused_cell_runs_the_gates_matmuls_inside_its_kernels(planned_ours, 
     d_a, projection = rows * C * bf16, (rows + L * D * C) * P * bf16
     assert backward.bytes == cell_gradient.bytes - projection + d_a - rows * 4 * C * bf16 + weights + J * rows * Q * f32
 
-    def per_iteration(p: dict, forward: bool) -> int:
-        (n,) = [n["kernels_per_iteration"] for n in p["kernels"]["loops"] if ("transpose" in n["source"]) != forward]
-        return n
-
-    assert (per_iteration(plan, True), per_iteration(plan, False)) == (3, 4)
-    assert (per_iteration(ours, True), per_iteration(ours, False)) == (4, 4)
+    assert (_per_iteration(plan, True), _per_iteration(plan, False)) == (3, 4)
+    assert (_per_iteration(ours, True), _per_iteration(ours, False)) == (4, 4)
     assert plan["parts"]["LSTM loops"]["flops"] == ours["parts"]["LSTM loops"]["flops"]
     assert plan["parts"]["LSTM loops"]["bytes"] < ours["parts"]["LSTM loops"]["bytes"]
 
