@@ -677,6 +677,51 @@ def test_a_slot_written_beside_another_result_and_a_slot_read_by_a_nested_fusion
     assert read.bytes == 256 * 1024 * 2 + 4 * 1024 * 2 + 4  # the weights, one slot of the gates, its index
 
 
+# Two in-place scatters of 64 rows into a table, fused: one sets the rows, one adds to them.
+SCATTERS = """
+%set (old: f32[], new: f32[]) -> f32[] {
+  %old = f32[] parameter(0)
+  ROOT %new = f32[] parameter(1)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%set_rows (table: f32[4096,512], ids: s32[64,1], rows: f32[64,512]) -> f32[4096,512] {
+  %table = f32[4096,512]{1,0} parameter(0)
+  %ids = s32[64,1]{1,0} parameter(1)
+  %rows = f32[64,512]{1,0} parameter(2)
+  ROOT %put = f32[4096,512]{1,0} scatter(%table, %ids, %rows), to_apply=%set
+}
+
+%add_rows (table: f32[4096,512], ids: s32[64,1], rows: f32[64,512]) -> f32[4096,512] {
+  %table = f32[4096,512]{1,0} parameter(0)
+  %ids = s32[64,1]{1,0} parameter(1)
+  %rows = f32[64,512]{1,0} parameter(2)
+  ROOT %added = f32[4096,512]{1,0} scatter(%table, %ids, %rows), to_apply=%add
+}
+
+ENTRY %e (t: f32[4096,512], i: s32[64,1], r: f32[64,512]) -> f32[4096,512] {
+  %t = f32[4096,512]{1,0} parameter(0)
+  %i = s32[64,1]{1,0} parameter(1)
+  %r = f32[64,512]{1,0} parameter(2)
+  %s = f32[4096,512]{1,0} fusion(%t, %i, %r), kind=kInput, calls=%set_rows
+  ROOT %a = f32[4096,512]{1,0} fusion(%s, %i, %r), kind=kInput, calls=%add_rows
+}
+"""
+
+
+def test_a_scatter_that_adds_reads_the_rows_it_updates():
+    """Both read their 64 rows and ids and write 64 rows of the table; the add reads those rows
+    of the table too (Adagrad's sparse update of the softmax table, and its gradient)."""
+    put, added = Program(SCATTERS, "cuda").kernels()
+    rows, ids = 64 * 512 * 4, 64 * 4
+    assert (put.bytes, added.bytes) == (2 * rows + ids, 3 * rows + ids)
+
+
 DMA = (
     "ENTRY %e (w: f32[2048,2048]) -> f32[512,2048] {\n"
     "  %state_params__token_encoder__w = f32[2048,2048]{1,0:T(8,128)} parameter(0)\n"

@@ -13,8 +13,9 @@ A kernel's bytes are its operands plus its results, except where it touches less
 that the fusion only slices (itself or in a fusion nested in it) counts as the slices it reads;
 a fusion whose results slice what it computes reads that share of its operands; a buffer
 updated in place (dynamic-update-slice, scatter) counts as the update written, whatever other
-results the fusion has. Only arrays in device memory count (a TPU keeps many in its on-chip
-memory, memory space S(1), and moves them there and back with DMAs). An async fusion
+results the fusion has, and read too where a scatter adds its update to the old values. Only
+arrays in device memory count (a TPU keeps many in its on-chip memory, memory space S(1), and
+moves them there and back with DMAs). An async fusion
 (fusion-start, fusion-done) is one kernel, counted as the fusion it wraps. Elementwise
 arithmetic is not counted in FLOPs (a few per byte: memory-bound anyway). A convolution counts
 the multiplications of its window that meet the input, not padding nor the holes of a dilated
@@ -388,6 +389,7 @@ class Program:
             update = self.type(inst.operands[IN_PLACE[inst.opcode]])
             rest = [o for o in inst.operands[1:] if o != inst.operands[IN_PLACE[inst.opcode]]]
             in_place_write = type_bytes(update, on_chip_too=True) if type_bytes(self.type(inst.operands[0])) else 0
+            in_place_write *= self._passes(inst)
             return float(type_bytes(update) + in_place_write + sum(type_bytes(self.type(o)) for o in rest))
         callee = inst.called("calls")
         if inst.opcode not in ("fusion", "fusion-start") or not callee:
@@ -414,6 +416,14 @@ class Program:
         if kind and kind.group(1) == "SCATTER":
             return sum(operands[1:]) + operands[-1]
         return type_bytes(results) + sum(operands)
+
+    def _passes(self, update: Instruction) -> int:
+        """Passes an in-place update makes over the elements it updates: 2 for a scatter whose
+        combiner reads the old value (an add: read, then written), else 1 (written)."""
+        combiner = update.called("to_apply")
+        body = self.computations.get(combiner[0], []) if combiner else []
+        root = next((i for i in body if i.line.lstrip().startswith("ROOT")), None)
+        return 2 if root is not None and root.opcode != "parameter" else 1
 
     @functools.cache  # noqa: B019
     def _fused_access(self, computation: str) -> tuple[dict[int, float], dict[int, float], list[float | None]]:
@@ -455,6 +465,7 @@ class Program:
                 written.append(None)
                 continue
             buffer, update = origin(o.operands[0]), type_bytes(self.type(o.operands[IN_PLACE[o.opcode]]), True)
+            update *= self._passes(o)
             if buffer in params:
                 in_place[params[buffer]] = in_place.get(params[buffer], 0.0) + update
             written.append(0.0 if buffer in params else update)
