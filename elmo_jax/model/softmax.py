@@ -85,8 +85,29 @@ def sampled_softmax_ce(
     `kernel`: "xla" (the logits (N, S) in device memory) or "pallas" (ours: only their
     log-sum-exp, `softmax_kernels`), the same numbers.
     """
-    true_logit = jnp.sum(h_NP * W_VP[targets_N], axis=-1) + b_V[targets_N] - log_q_targets_N
-    W_SP, bias_S = W_VP[candidate_ids_S], b_V[candidate_ids_S] - log_q_candidates_S
+    rows = (W_VP[targets_N], b_V[targets_N], W_VP[candidate_ids_S], b_V[candidate_ids_S])
+    return gathered_softmax_ce(
+        h_NP, targets_N, candidate_ids_S, *rows, log_q_candidates_S, log_q_targets_N, dtype, kernel
+    )
+
+
+def gathered_softmax_ce(
+    h_NP: jax.Array,
+    targets_N: jax.Array,
+    candidate_ids_S: jax.Array,
+    W_NP: jax.Array,
+    b_N: jax.Array,
+    W_SP: jax.Array,
+    b_S: jax.Array,
+    log_q_candidates_S: jax.Array,
+    log_q_targets_N: jax.Array,
+    dtype: str = "float32",
+    kernel: str = "xla",
+) -> jax.Array:
+    """`sampled_softmax_ce` of the rows already gathered: the targets' W (N, P) and b (N,), the
+    candidates' W (S, P) and b (S,) (the ids still mark the accidental hits)."""
+    true_logit = jnp.sum(h_NP * W_NP, axis=-1) + b_N - log_q_targets_N
+    bias_S = b_S - log_q_candidates_S
     if kernel == "pallas":
         block = softmax_kernels.chosen_block(h_NP.shape[-1], dtype)
         lse = softmax_kernels.sampled_logsumexp(h_NP, W_SP, bias_S, candidate_ids_S, targets_N, dtype, block)

@@ -32,7 +32,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.model.bilm import bilm_top, init_params, lstm_top
 from elmo_jax.model.dropout import dropout_keep_masks
 from elmo_jax.model.lstm import LSTMState
-from elmo_jax.model.softmax import full_softmax_ce, log_uniform_log_probs, sample_candidates, sampled_softmax_ce
+from elmo_jax.model.softmax import full_softmax_ce, gathered_softmax_ce, log_uniform_log_probs, sample_candidates
 from elmo_jax.model.softmax import kernel as softmax_kernel
 from elmo_jax.model.token_encoder import conv, encode_tokens, resolved
 from elmo_jax.settings import TrainSettings
@@ -138,18 +138,36 @@ def softmax_rows(rng: jax.Array, targets_2N: jax.Array, hp: TrainSettings, table
     )
 
 
+def _used_rows(table: dict, used: dict) -> tuple[dict, dict]:
+    """The rows of `table` ({W (K, P), b (K,)}) that each direction's candidates and targets
+    use: ({W (2, S, P), b (2, S)}, {W (2, N, P), b (2, N)}). One gather for all, so that their
+    gradient is one scatter into the table's (a gather each: a zeroed (K, P) buffer and a
+    scatter for each half, both read again by the norm and by Adagrad's two updates)."""
+    candidates, targets = used["candidates"], used["targets"].reshape(2, -1)
+    rows = {k: v[jnp.concatenate([candidates.reshape(-1), targets.reshape(-1)])] for k, v in table.items()}
+    n = candidates.size
+    return (
+        {k: v[:n].reshape(*candidates.shape, *v.shape[1:]) for k, v in rows.items()},
+        {k: v[n:].reshape(*targets.shape, *v.shape[1:]) for k, v in rows.items()},
+    )
+
+
 def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, vocab_size: int | None):
-    """Direction d's per-position cross entropy (N,): sampled against `used`'s candidates, or
-    (vocab_size given) the full softmax over the table's first vocab_size rows."""
+    """Direction d's per-position cross entropy (N,): sampled against `used`'s candidates
+    (`table`: `_used_rows`' pair), or (vocab_size given) the full softmax over the table's first
+    vocab_size rows."""
     targets_N = used["targets"][d].reshape(-1)
     if vocab_size is not None:
         return full_softmax_ce(h_NP, targets_N, table["W"], table["b"], vocab_size, config.compute_dtype)
-    return sampled_softmax_ce(
+    candidates, targets = table
+    return gathered_softmax_ce(
         h_NP,
         targets_N,
-        table["W"],
-        table["b"],
         used["candidates"][d],
+        targets["W"][d],
+        targets["b"][d],
+        candidates["W"][d],
+        candidates["b"][d],
         used["log_q_candidates"][d],
         used["log_q_targets"][d].reshape(-1),
         config.compute_dtype,
@@ -186,9 +204,10 @@ def _local_losses(
     mask_n = mask_bT.reshape(-1)
     sums = []
     with jax.named_scope("softmax"):
+        rows = table if vocab_size is not None else _used_rows(table, used)
         for d in range(2):
             h_NP = top_2bTP[d].reshape(-1, top_2bTP.shape[-1])
-            ce = _cross_entropy(h_NP, table, used, d, config=config, vocab_size=vocab_size)
+            ce = _cross_entropy(h_NP, rows, used, d, config=config, vocab_size=vocab_size)
             sums.append(jnp.sum(jnp.where(mask_n, ce, 0.0)))
     return jax.lax.psum(jnp.stack(sums), AXIS) / n_tokens, new_state
 
@@ -293,17 +312,15 @@ def _adagrad(value, accumulator, grad, lr: float | jax.Array):
     return value - lr * grad / jnp.sqrt(accumulator), accumulator
 
 
-def _sparse_adagrad(
-    table: dict, accumulators: dict, gathered: dict, grads: dict, rows: jax.Array, lr: float | jax.Array
-):
-    """Adagrad on rows `rows` of each table, whose values are `gathered` (rows out of range,
-    the padding, are skipped)."""
+def _sparse_adagrad(table: dict, accumulators: dict, grads: dict, rows: jax.Array, lr: float | jax.Array):
+    """`_adagrad` on rows `rows` (distinct) of each table (rows out of range, the padding, are
+    skipped), both updates added in place: the table's rows are read where they are updated,
+    not gathered for the step's use and kept until then."""
     new_table, new_acc = {}, {}
     for key in table:
-        acc_rows = accumulators[key].at[rows].get(mode="fill", fill_value=1.0)
-        value_rows, acc_rows = _adagrad(gathered[key], acc_rows, grads[key], lr)
-        new_table[key] = table[key].at[rows].set(value_rows, mode="drop")
-        new_acc[key] = accumulators[key].at[rows].set(acc_rows, mode="drop")
+        new_acc[key] = accumulators[key].at[rows].add(grads[key] ** 2, mode="drop")
+        acc_rows = new_acc[key].at[rows].get(mode="fill", fill_value=1.0)
+        new_table[key] = table[key].at[rows].add(-(lr * grads[key] / jnp.sqrt(acc_rows)), mode="drop")
     return new_table, new_acc
 
 
@@ -328,7 +345,7 @@ def _clipped(g: jax.Array, norm: jax.Array, max_norm: float) -> jax.Array:
     return jax.lax.select(norm < max_norm, g, (g / norm.astype(g.dtype)) * max_norm)
 
 
-def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: SoftmaxRows | None, hp: TrainSettings):
+def _apply_gradients(state: TrainState, grads: dict, used: SoftmaxRows | None, hp: TrainSettings):
     """Clipped Adagrad: the dense params through optax, the softmax table (its rows `used`
     touched, or all of it) by TF1's rule -> new params, new optimizer state, the gradient's norm
     before clipping."""
@@ -346,9 +363,7 @@ def _apply_gradients(state: TrainState, grads: dict, gathered: dict, used: Softm
         for k in table:
             new_params["softmax"][k], softmax_state[k] = _adagrad(table[k], accumulators[k], grads["softmax"][k], lr)
     else:
-        new_params["softmax"], softmax_state = _sparse_adagrad(
-            table, accumulators, gathered, grads["softmax"], used.rows, lr
-        )
+        new_params["softmax"], softmax_state = _sparse_adagrad(table, accumulators, grads["softmax"], used.rows, lr)
     return new_params, {"dense": dense_state, "softmax": softmax_state}, grad_norm
 
 
@@ -371,7 +386,7 @@ def train_step(
     grad_fn = jax.grad(functools.partial(_scaled_loss, hp=hp), has_aux=True)
     grads, (loss, (losses, lstm_state)) = grad_fn(params, batch, state.lstm_state, k_dropout, used, config, hp, mesh)
     with jax.named_scope("optimizer"):
-        new_params, opt_state, grad_norm = _apply_gradients(state, grads, gathered, used, hp)
+        new_params, opt_state, grad_norm = _apply_gradients(state, grads, used, hp)
     metrics = {
         "loss": loss,
         "loss_forward": losses[0],
