@@ -722,6 +722,42 @@ def test_a_scatter_that_adds_reads_the_rows_it_updates():
     assert (put.bytes, added.bytes) == (2 * rows + ids, 3 * rows + ids)
 
 
+# A fusion gathers 64 rows of a table (zero where the id is out of range), gathers 64 rows of
+# those again and keeps 16 of them: the table's rows it reads are the 16 kept.
+GATHERED_TWICE = """
+%rows (table: f32[4096,512], ids: s32[64,1], valid: pred[64,1,512], again: s32[64,1]) -> bf16[16,1,512] {
+  %table = f32[4096,512]{1,0} parameter(0)
+  %ids = s32[64,1]{1,0} parameter(1)
+  %valid = pred[64,1,512]{2,1,0} parameter(2)
+  %again = s32[64,1]{1,0} parameter(3)
+  %first = f32[64,1,512]{2,1,0} gather(%table, %ids), offset_dims={1,2}, slice_sizes={1,512}
+  %zero = f32[] constant(0)
+  %zeros = f32[64,1,512]{2,1,0} broadcast(%zero), dimensions={}
+  %filled = f32[64,1,512]{2,1,0} select(%valid, %first, %zeros)
+  %flat = f32[64,512]{1,0} bitcast(%filled)
+  %second = f32[64,1,512]{2,1,0} gather(%flat, %again), offset_dims={1,2}, slice_sizes={1,512}
+  %narrow = bf16[64,1,512]{2,1,0} convert(%second)
+  ROOT %kept = bf16[16,1,512]{2,1,0} slice(%narrow), slice={[0:16], [0:1], [0:512]}
+}
+
+ENTRY %e (t: f32[4096,512], i: s32[64,1], v: pred[64,1,512], a: s32[64,1]) -> bf16[16,1,512] {
+  %t = f32[4096,512]{1,0} parameter(0)
+  %i = s32[64,1]{1,0} parameter(1)
+  %v = pred[64,1,512]{2,1,0} parameter(2)
+  %a = s32[64,1]{1,0} parameter(3)
+  ROOT %f = bf16[16,1,512]{2,1,0} fusion(%t, %i, %v, %a), kind=kLoop, calls=%rows
+}
+"""
+
+
+def test_rows_gathered_twice_and_sliced_read_the_rows_kept():
+    """The softmax's candidates' rows, gathered from the step's rows of the table and narrowed:
+    16 of the table's rows read (not the 64 of the first gather), with their ids, mask rows and
+    second ids (the result's share of the others, a slice of what it computes), 16 rows written."""
+    (fusion,) = Program(GATHERED_TWICE, "cuda").kernels()
+    assert fusion.bytes == 16 * 512 * 4 + 2 * 16 * 4 + 16 * 512 + 16 * 512 * 2
+
+
 DMA = (
     "ENTRY %e (w: f32[2048,2048]) -> f32[512,2048] {\n"
     "  %state_params__token_encoder__w = f32[2048,2048]{1,0:T(8,128)} parameter(0)\n"

@@ -54,6 +54,11 @@ CONTROL_OPS = {"while", "conditional", "call"}
 SLICING_OPS = {"slice", "dynamic-slice", "gather"}
 IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # ops that update operand 0 in place: their update operand
 VIEW_OPS = {"bitcast", "reshape", "get-tuple-element"}
+# Ops whose result's element i is computed from their operands' elements i alone.
+ELEMENTWISE = {
+    *("convert", "select", "compare", "clamp", "add", "subtract", "multiply", "divide", "maximum", "minimum"),
+    *("negate", "abs", "exponential", "log", "sqrt", "rsqrt", "tanh", "logistic", "power", "and", "or", "not"),
+}
 # Named scopes of the train step (jax.named_scope / the jitted functions' names), by priority.
 PARTS = ("lstm", "token_encoder", "softmax", "sampler", "optimizer")
 # What a kernel does, as far as its achieved rate goes: a collective; our Pallas kernel; a sort
@@ -470,11 +475,27 @@ class Program:
                 in_place[params[buffer]] = in_place.get(params[buffer], 0.0) + update
             written.append(0.0 if buffer in params else update)
 
+        @functools.cache
+        def kept(name: str) -> float:
+            """The share of `name`'s elements that the fusion computes: what the slices of it and
+            the ops element by element on it keep (through views), 1 where anything else takes
+            it (a result of the fusion, a reduction, a product)."""
+            total, size = 0.0, math.prod(_dims(by_name[name].type))
+            for use, operand in through_views(name):
+                if use.opcode in SLICING_OPS and use.operands[0] == operand:
+                    total += math.prod(_dims(use.type)) / size * kept(use.name)
+                elif use.opcode in ELEMENTWISE and math.prod(_dims(use.type)) == size:
+                    total += kept(use.name)
+                else:
+                    return 1.0
+            return min(1.0, total) if through_views(name) else 1.0
+
         def sliced(use: Instruction, name: str) -> float | None:
             """Bytes a use reads of `name` where it reads only slices of it (itself, or a fusion
-            nested in this one that slices it), else None."""
+            nested in this one that slices it), else None: a slice's elements that the fusion
+            computes (`kept`: a gather whose rows are gathered again and sliced reads those)."""
             if use.opcode in SLICING_OPS:
-                return float(type_bytes(use.type, True)) if use.operands[0] == name else None
+                return float(type_bytes(use.type, True)) * kept(use.name) if use.operands[0] == name else None
             if use.opcode != "fusion" or not use.called("calls"):
                 return None
             nested = self._fused_access(use.called("calls")[0])[0]
