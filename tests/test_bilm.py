@@ -254,6 +254,49 @@ def test_the_char_cnn_tpu_kernels_compute_what_xla_does(dtype, block, chunks, mo
     _check_char_kernels_against_xla(dtype)
 
 
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("D", [8, 24, 50])
+def test_the_char_cnn_max_kernel_counts_the_positions_that_tie(tiled, D, monkeypatch):
+    """The max kernel's count of the positions that hold each max (`char_kernels.max_and_ties`:
+    the backward pass's divisor, int8) is the number of their bits, in its GPU variant and its
+    TPU variant (interpreted here): words whose padding characters make the positions from 18 on
+    tie, the widest filter's last positions past the word's end (-inf), the padding words (all
+    0) and filters (all -inf: every position tied) included."""
+    from elmo_jax.model import char_kernels, kernel_calls
+    from elmo_jax.model.token_encoder import _conv_max
+
+    monkeypatch.setattr(kernel_calls, "tiled", lambda: tiled)
+    results = []
+    max_and_ties = char_kernels.max_and_ties
+    monkeypatch.setattr(char_kernels, "max_and_ties", lambda *a: results.append(max_and_ties(*a)) or results[-1])
+    rng = np.random.default_rng(2)
+    N, C, W = 200, 40, 38  # 2 words of bits; padded to 256 words and (200 filters) 256 filters
+    x = rng.integers(-1, 2, size=(N, C, D)).astype(np.float32)
+    x[:, 18:] = 1.0
+    ws = tuple(jnp.asarray(rng.integers(-1, 2, size=(width, D, n)), jnp.float32) for width, n in ((5, 120), (3, 80)))
+    _conv_max(jnp.asarray(x), ws, "float32", True)
+    _, count_NF, ties_MNF = (np.asarray(a) for a in results[0])
+    assert count_NF.dtype == np.int8 and count_NF.shape == ties_MNF.shape[1:] == (256, 256)
+    np.testing.assert_array_equal(count_NF, np.bitwise_count(ties_MNF).sum(axis=0))
+    # The padding words: each filter's positions that it fits (the widest's 36) tie; the padding filters' all W.
+    np.testing.assert_array_equal(count_NF[N:], np.broadcast_to(np.where(np.arange(256) < 120, 36, W), (56, 256)))
+    assert (count_NF[:, 200:] == W).all()
+    assert 0.05 < (count_NF[:N, :200] > 1).mean() < 0.95
+
+
+def test_the_char_cnn_kernels_refuse_more_positions_than_their_count_holds():
+    """The max kernel counts a max's tied positions in int8: it refuses words of more than 127
+    positions, and `unfit` says why (on a GPU, `char_conv='auto'` then takes XLA's path)."""
+    from elmo_jax.errors import UserError
+    from elmo_jax.model import char_kernels
+
+    assert char_kernels.unfit(127, 16, 128, 128, "float32") is None
+    assert "int8: 128 positions" in char_kernels.unfit(128, 16, 128, 128, "float32")
+    chars, bank = jnp.zeros((64, 127 * 16 + 128)), jnp.zeros((128, 128))
+    with pytest.raises(UserError, match="int8: 128 positions.*use char_conv='xla'"):
+        char_kernels.max_and_ties(chars, bank, jnp.zeros(128, jnp.int32), 128, 16, "float32")
+
+
 def _check_char_kernels_against_xla(dtype: str, D: int = 16, widths=((4, 120), (2, 80)), C: int = 40):
     from elmo_jax.model.token_encoder import _conv_max
 

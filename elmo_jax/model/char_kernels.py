@@ -5,8 +5,9 @@ hold it, and writes their gradient and reads it back twice (`elmo-jax plan` coun
 of both; docs/archive/PERFORMANCE_LOG.md, "The char CNN's values off device memory").
 
 - `max_and_ties`: per block of words and filters, each position's window of characters times
-  the filters, rounded to the compute dtype, the max so far and the bits of the positions that
-  hold it (`token_encoder._max_and_ties`' layout);
+  the filters, rounded to the compute dtype, the max so far, the bits of the positions that
+  hold it (`token_encoder._max_and_ties`' layout) and their count (the backward pass's divisor:
+  its bits read only by the gradient kernels);
 - `character_gradients` and `filter_gradients`: the products of the backward pass, with the
   max's gradient at each position (its share where the position's bit is set, else 0) built
   block by block from those bits; the first summed over the windows that hold each character
@@ -63,6 +64,7 @@ CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: 
 TILED_ROWS, TILED_COLUMNS = 256, 512
 LANES = 128  # a TPU block's words (the windows' last dimension) in multiples of these
 VMEM_LIMIT = 48 << 20
+MOST_POSITIONS = 127  # the positions that tie for a max are counted in int8
 
 
 def _divmod(a, b: int):
@@ -91,7 +93,7 @@ def _window(chars_ref, rows, w, D: int, K: int):
     return chars_ref[rows, pl.ds(start, K)]
 
 
-def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, words_ref, *, W, D, dtype):
+def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, count_ref, words_ref, *, W, D, dtype):
     # Grid (column blocks, row blocks): a block of words' programs side by side, its characters
     # read once from device memory.
     rows = pl.ds(pl.program_id(1) * max_ref.shape[0], max_ref.shape[0])
@@ -102,19 +104,20 @@ def _max_kernel(chars_ref, bank_ref, last_ref, max_ref, words_ref, *, W, D, dtyp
         return jnp.where(w <= last[None, :], y.astype(dtype).astype(jnp.float32), -jnp.inf)
 
     def position(w, carry):
-        top, *words = carry
+        top, count, *words = carry
         y, (at, bit) = window_product(w), _bit(w)
         above, tie = y > top, y == top
         words = [
             jnp.where(above, jnp.where(at == m, bit, 0), jnp.where(tie & (at == m), word | bit, word))
             for m, word in enumerate(words)
         ]
-        return (jnp.maximum(top, y), *words)
+        return (jnp.maximum(top, y), jnp.where(above, 1, jnp.where(tie, count + 1, count)), *words)
 
     first = window_product(0)
     words = [jnp.full(first.shape, 1 if m == 0 else 0, jnp.uint32) for m in range(words_ref.shape[0])]
-    top, *words = jax.lax.fori_loop(1, W, position, (first, *words))
+    top, count, *words = jax.lax.fori_loop(1, W, position, (first, jnp.ones(first.shape, jnp.int32), *words))
     max_ref[...] = top.astype(max_ref.dtype)  # exact: the max of values rounded to it
+    count_ref[...] = count.astype(count_ref.dtype)
     columns = pl.ds(pl.program_id(0) * top.shape[1], top.shape[1])
     for m, word in enumerate(words):
         words_ref[m, rows, columns] = word
@@ -167,10 +170,11 @@ def _filter_gradient_kernel(chars_ref, share_ref, words_ref, out_ref, *, W, D, n
     out_ref[chunk, :, columns] = jax.lax.fori_loop(0, chunk_rows // n_rows * W, block, acc)
 
 
-def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dtype):
+def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, count_ref, words_ref, tally_ref, *, dtype):
     # TPU: grid (row blocks, column blocks), blocks in VMEM: windows (W, K, rows), bank (K,
     # columns), last (1, columns); the max (rows, columns) and bits (M, rows, columns) kept in
-    # the outputs' blocks, position by position.
+    # the outputs' blocks, position by position, their count in the scratch `tally` (rows,
+    # columns) int32.
     bank, last = bank_ref[...], last_ref[...]
 
     def window_product(w):  # rounded to the compute dtype, -inf where the filter does not fit
@@ -180,11 +184,12 @@ def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dt
     def position(w, m: int, s):  # position w = 32 m + s: bit s of word m
         y, top = window_product(w), max_ref[...].astype(jnp.float32)
         bit = jnp.left_shift(jnp.uint32(1), s.astype(jnp.uint32))
-        above = y > top
+        above, tie = y > top, y == top
+        tally_ref[...] = jnp.where(above, 1, jnp.where(tie, tally_ref[...] + 1, tally_ref[...]))
         for other in range(words_ref.shape[0]):
             word = words_ref[other]
             if other == m:
-                words_ref[other] = jnp.where(above, bit, jnp.where(y == top, word | bit, word))
+                words_ref[other] = jnp.where(above, bit, jnp.where(tie, word | bit, word))
             else:
                 words_ref[other] = jnp.where(above, jnp.uint32(0), word)
         max_ref[...] = jnp.maximum(top, y).astype(max_ref.dtype)  # exact: values rounded to it
@@ -192,7 +197,9 @@ def _tiled_max_kernel(windows_ref, bank_ref, last_ref, max_ref, words_ref, *, dt
     max_ref[...] = window_product(0).astype(max_ref.dtype)
     words_ref[...] = jnp.zeros(words_ref.shape, jnp.uint32)
     words_ref[0] = jnp.ones(max_ref.shape, jnp.uint32)
+    tally_ref[...] = jnp.ones(max_ref.shape, jnp.int32)
     _over_positions(windows_ref.shape[0], position, first=1)
+    count_ref[...] = tally_ref[...].astype(count_ref.dtype)
 
 
 def _over_positions(W: int, body, first: int = 0) -> None:
@@ -281,9 +288,11 @@ def max_and_ties(
     """The W positions' windows of D-wide characters (the characters (N, (W - 1) * D + K), on a
     TPU the windows (W, K, N)) and the filter bank (K, F) in `dtype`, each filter's last position
     (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
-    products (N, F) in `dtype` (exact: each is rounded to it) and its positions' bits
-    (ceil(W / 32), N, F) uint32. `block`: (words, filters) of a grid program, by default
-    `chosen_block`'s (as for the kernels below)."""
+    products (N, F) in `dtype` (exact: each is rounded to it), the number of positions that hold
+    it (N, F) int8 (W <= MOST_POSITIONS) and their bits (ceil(W / 32), N, F) uint32. `block`:
+    (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
+    if W > MOST_POSITIONS:
+        raise UserError(f"char_conv='pallas': {_uncountable(W)}: use char_conv='xla'")
     N, K = _sizes(chars, W, D)
     if K != bank_KF.shape[0]:
         raise ValueError(
@@ -291,7 +300,7 @@ def max_and_ties(
         )
     F, M = bank_KF.shape[1], -(-W // 32)
     n_rows, n_columns = _within(block or chosen_block(MAX, W, D, K, F, dtype), N, F)
-    out_shape = (like(chars, (N, F), dtype), like(chars, (M, N, F), jnp.uint32))
+    out_shape = (like(chars, (N, F), dtype), like(chars, (N, F), jnp.int8), like(chars, (M, N, F), jnp.uint32))
     flops = 2 * W * N * K * F
     if kernel_calls.tiled():  # the bank and last positions read once per block of rows
         return _call(
@@ -305,6 +314,7 @@ def max_and_ties(
             ],
             (
                 pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
+                pl.BlockSpec((n_rows, n_columns), lambda i, j: (i, j)),
                 pl.BlockSpec((M, n_rows, n_columns), lambda i, j: (0, i, j)),
             ),
             out_shape,
@@ -312,6 +322,7 @@ def max_and_ties(
             (chars, bank_KF, last_F[None, :]),
             nbytes(chars, *out_shape) + N // n_rows * nbytes(bank_KF, last_F),
             ("parallel", "parallel"),
+            [pltpu.VMEM((n_rows, n_columns), jnp.int32)],
         )
     return _call(
         functools.partial(_max_kernel, W=W, D=D, dtype=dtype),
@@ -322,7 +333,7 @@ def max_and_ties(
             pl.BlockSpec((K, n_columns), lambda j, i: (0, j)),
             pl.BlockSpec((n_columns,), lambda j, i: (j,)),
         ],
-        (pl.BlockSpec((n_rows, n_columns), lambda j, i: (i, j)), pl.no_block_spec),
+        (*[pl.BlockSpec((n_rows, n_columns), lambda j, i: (i, j))] * 2, pl.no_block_spec),
         out_shape,
         flops,
         (chars, bank_KF, last_F),
@@ -490,6 +501,8 @@ def unfit(W: int, D: int, K: int, F: int, dtype: str) -> str | None:
     """Why the kernels cannot run for W positions, K-wide windows of D-wide characters and F
     filters in `dtype` on the device the model is traced for (the first that fits at no block
     size, and the compiler's words for its smallest), or None where each has a block that fits."""
+    if W > MOST_POSITIONS:
+        return _uncountable(W)
     if not kernel_calls.compiled_by_triton():
         return None
     for kernel in KERNELS:
@@ -500,6 +513,11 @@ def unfit(W: int, D: int, K: int, F: int, dtype: str) -> str | None:
                 f"{dtype}; at {rows} words x {columns} filters: {_refusal(kernel, BLOCKS[-1], W, D, K, F, dtype)})"
             )
     return None
+
+
+def _uncountable(W: int) -> str:
+    """Why the kernels cannot count the ties of W > MOST_POSITIONS positions."""
+    return f"the char CNN kernels count a max's tied positions in int8: {W} positions, at most {MOST_POSITIONS}"
 
 
 def _refusal(kernel: str, block: Block, W: int, D: int, K: int, F: int, dtype: str) -> str | None:

@@ -116,12 +116,12 @@ def _conv_max_forward(x_NCD, w_filters, dtype, kernels):
             raise ValueError(f"the char CNN's kernels take characters in the compute dtype {dtype}, not {x_NCD.dtype}")
         chars = _kernel_characters(x_NCD, widest)
         bank, last_F = _kernel_bank(w_KF, C - width_F, dtype)
-        max_NF, ties_MNF = char_kernels.max_and_ties(chars, bank, last_F, C - narrowest + 1, D, dtype)
-        return max_NF[:N, :F].astype(jnp.float32), (chars, w_filters, ties_MNF, bank)
+        max_NF, count_NF, ties_MNF = char_kernels.max_and_ties(chars, bank, last_F, C - narrowest + 1, D, dtype)
+        return max_NF[:N, :F].astype(jnp.float32), (chars, w_filters, ties_MNF, count_NF, bank)
     windows_NWK = _windows(x_NCD, widest, axis=1)
     y_NWF = windows_NWK.astype(dtype) @ w_KF.astype(dtype)
     max_NF, ties_MNF = _max_and_ties(jnp.where(_inside(C, width_F), y_NWF, -jnp.inf))
-    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF, None)
+    return max_NF.astype(jnp.float32), (windows_NWK, w_filters, ties_MNF, None, None)
 
 
 def _kernel_characters(x_NCD: jax.Array, width: int) -> jax.Array:
@@ -189,16 +189,16 @@ def _position_bits(W: int) -> np.ndarray:
     return np.uint32(1) << (np.arange(W, dtype=np.uint32) % 32)
 
 
-def _shares(ties_MNF: jax.Array, g_NF: jax.Array, dtype: str) -> jax.Array:
-    """The max's gradient g (N, F) split evenly among the positions that hold it (`_max_and_ties`'
-    bits): each one's share (N, F) in `dtype`."""
-    return (g_NF / jnp.sum(jax.lax.population_count(ties_MNF), axis=0)).astype(dtype)
+def _shares(count_NF: jax.Array, g_NF: jax.Array, dtype: str) -> jax.Array:
+    """The max's gradient g (N, F) split evenly among the positions that hold it, count_NF (N, F)
+    of them (an integer dtype): each one's share (N, F) in `dtype`."""
+    return (g_NF / count_NF.astype(jnp.float32)).astype(dtype)
 
 
 def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) -> jax.Array:
     """The gradient of the max at its positions (`_max_and_ties`' bits), split evenly among
     them as TF's max does: (N, F) -> (N, W, F) in `dtype`, zero at the other positions."""
-    share_NF = _shares(ties_MNF, g_NF, dtype)
+    share_NF = _shares(jnp.sum(jax.lax.population_count(ties_MNF), axis=0), g_NF, dtype)
     bit_W = _position_bits(W)
     word_NWF = jnp.concatenate(
         [
@@ -211,14 +211,15 @@ def _split_among_ties(ties_MNF: jax.Array, g_NF: jax.Array, W: int, dtype: str) 
 
 
 def _conv_max_backward(dtype, kernels, residuals, g_NF):
-    # XLA's path: the windows (N, W, widest * D), bank None; our kernels': their operand and bank.
-    inputs, w_filters, ties_MNF, bank = residuals
+    # XLA's path: the windows (N, W, widest * D), count and bank None; our kernels': their
+    # operand, the max's tie count and the bank.
+    inputs, w_filters, ties_MNF, count_NF, bank = residuals
     w_KF, width_F = _filter_bank(w_filters)
     (N, F), D = g_NF.shape, w_filters[0].shape[1]
     widest, narrowest = int(width_F.max()), int(width_F.min())
     if kernels:
         W, Np = _kernel_positions(inputs, bank.shape[0], D), ties_MNF.shape[1]
-        share_NF = _shares(ties_MNF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
+        share_NF = _shares(count_NF, jnp.pad(g_NF, ((0, Np - N), (0, bank.shape[1] - F))), dtype)
         dw_KF = char_kernels.filter_gradients(inputs, share_NF, ties_MNF, W, D, dtype)  # rows past widest * D dropped
         # The characters' gradient from the kernel: (N, C, D), on a TPU (C, D, N).
         dx = char_kernels.character_gradients(share_NF, ties_MNF, bank, W, widest, D, dtype, C=W + narrowest - 1)
