@@ -475,3 +475,51 @@ def test_the_default_cell_is_ours_on_gpus_for_the_wavefront_of_layers(caplog):
         assert cell(dataclasses.replace(two, lstm_cell="xla")) == "xla"
     with tracing_for("tpu"):
         assert cell(two) == "xla"
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
+@pytest.mark.parametrize(
+    "schedule, ours, dtype",
+    [("wavefront", ours, dtype) for ours in ("xla", "pallas", "fused") for dtype in ("float32", "bfloat16")]
+    + [("layers", "xla", "float32")],
+)
+def test_the_top_layer_alone_is_the_full_paths_top_layer_bit_for_bit(schedule, ours, dtype, monkeypatch):
+    """lstm_stacks(top_only=True), as training runs it (only the top layer feeds the loss): its
+    top layer's outputs, the final state and every gradient equal, bit for bit, those of every
+    layer's outputs of which the loss reads the top, with the XLA cell and our kernels
+    (interpreted), both clips firing, masked steps, a carried state, dropout and the residual.
+    Its backward takes the top layer's output gradient alone: the layers' below are 0 without
+    being read (the XLA loop's a zeros value, the kernel's not loaded)."""
+    from elmo_jax.model import cell_kernels
+
+    (B, C, P), constants = _KERNEL_BLOCKS["tiny"]
+    for name, value in constants.items():
+        monkeypatch.setattr(cell_kernels, name, value)
+    n_layers = 3
+    config, params, x, mask, state, keep = random_case(n_layers, True, seed=4, B=B, C=C, P=P)
+    config = dataclasses.replace(config, lstm_schedule=schedule, compute_dtype=dtype, lstm_cell=ours)
+    rng = np.random.default_rng(5)
+    weights = (rng.normal(size=x.shape), rng.normal(size=state.h.shape), rng.normal(size=state.c.shape))
+
+    def loss(params, x, state, top_only):
+        out, new = lstm_stacks(params, x, mask, state, config, keep_masks=keep, dropout=RATE, top_only=top_only)
+        assert out.shape == ((1,) if top_only else (n_layers,)) + x.shape
+        return sum(jnp.sum(w * y) for w, y in zip(weights, (out[-1], new.h, new.c)))
+
+    def outputs_and_grads(top_only):
+        def run(params, x, state):
+            out, new = lstm_stacks(params, x, mask, state, config, keep_masks=keep, dropout=RATE, top_only=top_only)
+            return out[-1], new, jax.grad(loss, argnums=(0, 1, 2))(params, x, state, top_only)
+
+        return jax.tree.leaves(jax.jit(run)(params, x, state))
+
+    program = str(jax.make_jaxpr(jax.grad(lambda *a: loss(*a, True)))(params, x, state))
+    assert ("lstm_backward_output" in program) == (ours != "xla")
+    want, got = outputs_and_grads(False), outputs_and_grads(True)
+    assert np.abs(want[0]).max() > 0.1
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and np.array_equal(_bits(g), _bits(w))

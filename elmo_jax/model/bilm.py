@@ -77,8 +77,9 @@ def lstm_top(
     and the new state. With `keep_masks` (L + 1, 2, B, T, P), dropout as bilm-tf applies it:
     on each layer's input, and once more on the top output. `mark`: see `lstm_stacks`."""
     layers, state = lstm_stacks(
-        lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks=keep_masks, dropout=dropout, mark=mark
-    )
+        lstm_params, tokens_UP[ids_2BT], mask_BT, state, config, keep_masks=keep_masks, dropout=dropout, mark=mark,
+        top_only=True,
+    )  # fmt: skip
     top = layers[-1]
     if keep_masks is not None:
         top = apply_dropout(keep_masks[config.lstm.n_layers], top, dropout)

@@ -315,6 +315,14 @@ def _backward_output_kernel(
     def d_in_h_of(l, columns):  # layer l's gradient of [inputs; h]
         return _summed(d_in_h, l * D + d, b, columns)
 
+    def d_out_of(l, slot):
+        """Layer l's output gradient at `slot`: given for every layer, or for the top layer alone
+        (the layers' below are 0, not loaded)."""
+        if d_out.shape[0] == L:
+            return d_out[l, d, b, slot, at.columns]
+        top = lambda: d_out[0, d, b, slot, at.columns]  # noqa: E731
+        return jax.lax.cond(l == L - 1, top, lambda: jnp.zeros(d_h.shape, d_out.dtype))
+
     def dropped(x, keep_layer, slot):  # dropout on the input of layer keep_layer + 1
         return _dropped(x, keep, (keep_layer, d, b, slot, at.columns), rate)
 
@@ -324,7 +332,7 @@ def _backward_output_kernel(
         later, up = jnp.minimum(s + 1, S - 1), jnp.minimum(l + 1, L - 1)
         passed = dropped(d_ins[up, d, b, later, at.columns], jnp.minimum(l, L - 2), later)
         passed = jnp.where((s < S - 1) & (l < L - 1), passed, 0.0)
-        d_out_l = jnp.where(ran(l, s), d_out[l, d, b, s, at.columns] + passed, 0.0)
+        d_out_l = jnp.where(ran(l, s), d_out_of(l, s) + passed, 0.0)
         return d_in_h_of(l, at.columns) + jnp.where(skip & (l > 0), d_out_l, 0.0)
 
     d_ins[layer, d, b, s, at.columns] = input_gradient(layer)
@@ -338,7 +346,7 @@ def _backward_output_kernel(
     passed = jnp.where(layer < L - 1, passed, 0.0)
     earlier = jnp.maximum(s - 1, 0)
     ran_earlier = ran(layer, earlier)
-    d_out_earlier = jnp.where(ran_earlier, d_out[layer, d, b, earlier, at.columns] + passed, 0.0)
+    d_out_earlier = jnp.where(ran_earlier, d_out_of(layer, earlier) + passed, 0.0)
     d_h_raw_earlier = d_out_earlier + jnp.where(ran_earlier, d_h_prev, 0.0)
     d_h_raw_earlier = clipped_gradient(d_h_raw_earlier, h[layer, d, b, earlier, at.columns], clip)
     d_h_raw[...] = d_h_raw_earlier.astype(d_h_raw.dtype)
@@ -719,30 +727,32 @@ def projection_and_output(
 
 
 def backward_output(
-    i, d_in_h_LDJBK, d_h_LDBP, d_h_raw_LDBP, *, mask_LBS, d_out_LDBSP, h_LDBSP, keep_UDBSP, d_in_LDBSP, d_h_raw_LDBSP,
+    i, d_in_h_LDJBK, d_h_LDBP, d_h_raw_LDBP, *, mask_LBS, d_out_NDBSP, h_LDBSP, keep_UDBSP, d_in_LDBSP, d_h_raw_LDBSP,
     clip, skip, rate,
 ):  # fmt: skip
     """Step s = S - 1 - i of the wavefront's backward after the gates' transposed matmul: its
     result d_in_h as J partial sums (L, D, J, B, 2P) float32, added here (the gradient of each
     layer's [inputs; h]; a product for each part of the cell's columns), the carried h gradient
     (L, D, B, P), this step's gradient of the unclipped projection d_h_raw (L, D, B, P, compute
-    dtype), the mask (L, B, S) int32, the outputs' gradients, the forward's saved h (L, D, B, S,
-    P), the keep masks of layers >= 1 (L - 1, D, B, S, P) int8 or None (`rate` None), and the
-    save slots of the layers' input gradients (L, D, B, S, P, float32: layer 0's is the stack's;
-    the others are read by the next step, as what each layer passes down) and of d_h_raw ->
-    (those slots with slot s written, the h gradient carried to slot s - 1, slot s - 1's
-    d_h_raw). `clip`: the projection's; `skip`: the residual around layers >= 1."""
+    dtype), the mask (L, B, S) int32, the outputs' gradients (N, D, B, S, P): every layer's
+    (N = L), or the top layer's alone (N = 1: the layers' below are 0, never loaded), the
+    forward's saved h (L, D, B, S, P), the keep masks of layers >= 1 (L - 1, D, B, S, P) int8 or
+    None (`rate` None), and the save slots of the layers' input gradients (L, D, B, S, P,
+    float32: layer 0's is the stack's; the others are read by the next step, as what each layer
+    passes down) and of d_h_raw -> (those slots with slot s written, the h gradient carried to
+    slot s - 1, slot s - 1's d_h_raw). `clip`: the projection's; `skip`: the residual around layers >= 1."""
     L, D, B, P = d_h_LDBP.shape
     R = L * D * B
     J, d_h, d_h_raw = d_in_h_LDJBK.shape[2], d_h_LDBP.reshape(R, P), d_h_raw_LDBP.reshape(R, P)
     d_in_h = d_in_h_LDJBK.reshape(L * D, J, B, 2 * P)
     keep = jnp.zeros((1, 1, 1, 1, 1), jnp.int8) if keep_UDBSP is None else keep_UDBSP
     f32_rows = _rows(R, P, jnp.float32)
+    d_out_rows = _rows(d_out_NDBSP.shape[0] * D * B, P, jnp.float32)  # the layers' whose output gradients are given
     touched = nbytes(
         d_in_h, _rows(R, J * P, jnp.float32),  # read: d_in_h's parts, and the inputs' half of the layer above's
         d_h, d_h,  # the h gradient, read and written
-        *[f32_rows] * 5,  # read: the output gradients of slots s and s - 1, h of slot s - 1, the input gradients passed
-        # down (to this layer and the one above)
+        d_out_rows, d_out_rows,  # the output gradients of slots s and s - 1
+        *[f32_rows] * 3,  # h of slot s - 1, the input gradients passed down (to this layer and the one above)
         f32_rows,  # written: the input gradient
         d_h_raw, d_h_raw, d_h_raw,  # d_h_raw read, written into its slot and for the next step
         *[_rows(R, P, jnp.int8)] * (3 if rate else 0),  # the keep masks' rows of 3 slots
@@ -754,7 +764,7 @@ def backward_output(
         i,
         mask_LBS,
         blocked={"d_h": d_h, "d_h_raw": d_h_raw},
-        whole={"d_in_h": d_in_h, "d_out": d_out_LDBSP, "h": h_LDBSP, "keep": keep, "d_ins": d_in_LDBSP,
+        whole={"d_in_h": d_in_h, "d_out": d_out_NDBSP, "h": h_LDBSP, "keep": keep, "d_ins": d_in_LDBSP,
                "d_h_raws": d_h_raw_LDBSP},
         outputs={
             "d_ins": _Out(like(d_in_LDBSP, d_in_LDBSP.shape)),

@@ -105,8 +105,11 @@ def lstm_stacks(
     reset_BT: jax.Array | None = None,
     gates_2BTG: jax.Array | None = None,
     mark: Callable[[jax.Array], jax.Array] | None = None,
+    top_only: bool = False,
 ) -> tuple[jax.Array, LSTMState]:
-    """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state.
+    """Both directions' L layers over inputs (2, B, T, P) -> outputs (L, 2, B, T, P), new state;
+    with `top_only`, the top layer's outputs alone (1, 2, B, T, P), where nothing reads the others
+    (training: the time loop's backward then reads no output gradient of the layers below).
 
     With `keep_masks` (at least L, 2, B, T, P; bool), layer l's input is dropped out where
     keep_masks[l] is False and scaled by 1 / (1 - dropout) elsewhere, as bilm-tf's
@@ -144,6 +147,8 @@ def lstm_stacks(
             layer_in = apply_dropout(keep_masks[first], layer_in, dropout)
         keep = None if keep_masks is None or L == 1 else keep_masks[first + 1 : first + L]
         h0, c0 = jnp.swapaxes(state.h[:, first : first + L], 0, 1), jnp.swapaxes(state.c[:, first : first + L], 0, 1)
+        if top_only and first + L == cfg.n_layers:  # the loop of the top layer returns it alone
+            st = st._replace(top_only=True)
         if reset_BT is None:
             W_0b, W_proj = mark(with_bias(_stacked(each, "W_0"), _stacked(each, "B"))), mark(_stacked(each, "W_P_0"))
             out, h, c = wavefront(W_0b, W_proj, layer_in, mask_BT, keep, h0, c0, st)
@@ -155,12 +160,13 @@ def lstm_stacks(
                 W_0, b, W_proj, layer_in, mask_BT, keep, h0, c0, st, reset_BT=reset_BT, gates_DBTG=gates
             )
         if cfg.use_skip_connections and first > 0:  # the wavefront adds the residual of its layers >= 1 itself
+            # (first > 0: a loop of one layer, whose out[0] is that layer's, top_only or not)
             out = out.at[0].set(jnp.where(mask_BT[None, :, :, None], out[0] + layer_in, 0.0))
         outputs.append(out)
         hs.append(h)
         cs.append(c)
         layer_in = out[-1]
-    return jnp.concatenate(outputs), LSTMState(
+    return outputs[-1] if top_only else jnp.concatenate(outputs), LSTMState(
         jnp.swapaxes(jnp.concatenate(hs), 0, 1), jnp.swapaxes(jnp.concatenate(cs), 0, 1)
     )
 

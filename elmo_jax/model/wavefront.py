@@ -7,7 +7,8 @@ The arithmetic of the cell is `cell_math`'s.
 Letters: L layers, D directions, B rows, T times, S = T + L - 1 slots, P projection, C cell,
 G = 4C gates, Q = 2P the rows of [inputs; h] (the gates' matmul in the loop), K = 2P + 1 the
 rows of W_0 with the bias's (`with_bias`), U = L - 1 the layers above the first (the dropout on
-their inputs), J the parts of the cell's columns that our kernels' matmuls run in.
+their inputs), J the parts of the cell's columns that our kernels' matmuls run in, N the layers
+whose outputs the wavefront returns (L, or 1: the top's, `Stack.top_only`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class Stack(NamedTuple):
     # "xla", "pallas" or "fused": the training step's cell as kernels of our own (`cell_kernels`);
     # "fused": the cells' kernels with the gates' matmul (forward) and its transpose (backward) in them
     cell: str
+    # Outputs of the top layer alone (1, D, B, T, P), not every layer's: where only the top feeds
+    # the loss (training), its backward reads no output gradient of the layers below (0)
+    top_only: bool = False
 
 
 class _Wave(NamedTuple):
@@ -132,8 +136,22 @@ def _skew(x: jax.Array, S: int, axis: int, fill=0, first: int = 0) -> jax.Array:
     return jnp.stack([jnp.pad(x[i], pad, constant_values=fill) for i, pad in enumerate(pads)])
 
 
-def _unskew(x: jax.Array, T: int, axis: int) -> jax.Array:
-    return jnp.stack([jax.lax.slice_in_dim(x[layer], layer, layer + T, axis=axis - 1) for layer in range(x.shape[0])])
+def _unskew(x: jax.Array, T: int, axis: int, first: int = 0) -> jax.Array:
+    """`_skew` undone: axis 0 holds layers first, first + 1, ..."""
+    return jnp.stack(
+        [
+            jax.lax.slice_in_dim(x[i], layer, layer + T, axis=axis - 1)
+            for i, layer in enumerate(range(first, first + x.shape[0]))
+        ]
+    )
+
+
+def _outputs(outs_LDBSP: jax.Array, T: int, st: Stack) -> jax.Array:
+    """The layers' outputs by slot -> by time: every layer's (L, D, B, T, P), or the top layer's
+    alone (1, D, B, T, P) with `st.top_only`."""
+    L = outs_LDBSP.shape[0]
+    first = L - 1 if st.top_only else 0
+    return _unskew(outs_LDBSP[first:], T, axis=3, first=first)
 
 
 def _at_slot(x: jax.Array, s, axis: int = 3) -> jax.Array:
@@ -249,11 +267,12 @@ def _loop_weights(W_0, W_proj, x_DBSP, b, st: Stack, gates_DBTG=None, J: int | N
 
 
 def wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: Stack, *, reset_BT=None, gates_DBTG=None):
-    """L layers without saving anything for a backward pass -> outputs (L, D, B, T, P), final h
-    (L, D, B, P) and c (L, D, B, C). Arrays as `wavefront`'s, W_0 (L, D, 2P, G) and b (L, D, G)
-    apart or W_0 as one layer's halves (W_x, W_h) each (1, D, P, G) (`split_input_weights`).
-    Where `reset_BT` is True the state restarts from zero (another sentence in the row).
-    `gates_DBTG`: one layer's `input_gates` of x, already computed."""
+    """L layers without saving anything for a backward pass -> outputs (L, D, B, T, P), or the top
+    layer's alone (1, D, B, T, P) with `st.top_only`, final h (L, D, B, P) and c (L, D, B, C).
+    Arrays as `wavefront`'s, W_0 (L, D, 2P, G) and b (L, D, G) apart or W_0 as one layer's halves
+    (W_x, W_h) each (1, D, P, G) (`split_input_weights`). Where `reset_BT` is True the state
+    restarts from zero (another sentence in the row). `gates_DBTG`: one layer's `input_gates` of
+    x, already computed."""
     L = W_proj.shape[0]
     wave = _wave(x_DBTP, mask_BT, keep, L, st)
     S = wave.mask_LBS.shape[2]
@@ -280,7 +299,7 @@ def wave_infer(W_0, b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: Stack,
 
     outs = _slots_like(x_DBTP, (*h_LDBP.shape[:3], S, h_LDBP.shape[-1]), x_DBTP.dtype)
     h, c, outs = jax.lax.fori_loop(0, S, step, (h_LDBP, c_LDBC, outs), unroll=st.unroll)
-    return _unskew(outs, wave.T, axis=3), h, c
+    return _outputs(outs, wave.T, st), h, c
 
 
 def _train_slots(x_DBTP: jax.Array, L: int, D: int, B: int, S: int, C: int, st: Stack) -> _Slots:
@@ -395,7 +414,7 @@ def _wave_train(W_0: jax.Array, b, W_proj: jax.Array, x_DBTP: jax.Array, mask_BT
         W_0, h_LDBP, c_LDBC, W_loop, W_proj_loop, wave.mask_LBS, wave.keep_UDBSP, in_LDBSP, slots.h, slots.acts,
         slots.c, slots.a,
     )  # fmt: skip
-    return (_unskew(out_LDBSP, T, axis=3), h, c), saved
+    return (_outputs(out_LDBSP, T, st), h, c), saved
 
 
 def _own_cell(L: int, st: Stack) -> bool:
@@ -428,8 +447,10 @@ def _layer_outputs(h_new, inputs, mask, skip_L):
 def wavefront(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st: Stack):
     """L layers of D directions (params stacked on axes 0 and 1: W_0b (L, D, K, G), W_0's rows
     with the bias as one more (`with_bias`), W_proj (L, D, C, P)) over inputs (D, B, T, P)
-    -> outputs (L, D, B, T, P) with the residual added (layers >= 1 with `st.skip`), final h
-    (L, D, B, P) and c (L, D, B, C). `keep` (L - 1, D, B, T, P) or None: the dropout on the
+    -> outputs (L, D, B, T, P) with the residual added (layers >= 1 with `st.skip`), or the top
+    layer's alone (1, D, B, T, P) with `st.top_only` (its backward then takes that layer's output
+    gradient alone: the others' are 0, and never in memory), final h (L, D, B, P) and c
+    (L, D, B, C). `keep` (L - 1, D, B, T, P) or None: the dropout on the
     inputs of layers >= 1.
 
     Differentiated by hand, running the same diagonal backwards: the loop holds the matmuls
@@ -448,17 +469,29 @@ def _wavefront_fwd(W_0b, W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st):
     return _wave_train(W_0b[:, :, :-1], W_0b[:, :, -1], W_proj, x_DBTP, mask_BT, keep, h_LDBP, c_LDBC, st)
 
 
-def _output_gradients(saved: _Saved, d_out_LDBSP, s, d_h, d_above, st: Stack):
-    """Slot s's gradient of the layers' outputs and of their unclipped projections. Where the
-    step ran, the state it left is its clipped cell and projection: |x| < clip exactly where the
-    unclipped value was. Where it did not, every gradient of the step is 0."""
+def _output_gradient_at(d_out_NDBSP, s, L: int) -> jax.Array:
+    """Slot s's gradient of the L layers' outputs (L, D, B, P), from every layer's by slot
+    (N = L) or the top layer's alone (N = 1, `Stack.top_only`): the layers' below it 0, a value
+    that XLA fuses, not read from memory."""
+    d_out = _at_slot(d_out_NDBSP, s)
+    if d_out.shape[0] == L:
+        return d_out
+    return jnp.concatenate([jnp.zeros((L - 1, *d_out.shape[1:]), d_out.dtype), d_out])
+
+
+def _output_gradients(saved: _Saved, d_out_NDBSP, s, d_h, d_above, st: Stack):
+    """Slot s's gradient of the layers' outputs and of their unclipped projections, from the
+    outputs' gradients by slot (`_output_gradient_at`). Where the step ran, the state it left is
+    its clipped cell and projection: |x| < clip exactly where the unclipped value was. Where it
+    did not, every gradient of the step is 0."""
     m = saved.mask_LBS[:, None, :, s, None]
-    d_out = _at_slot(d_out_LDBSP, s) if d_above is None else _at_slot(d_out_LDBSP, s) + d_above
+    d_out = _output_gradient_at(d_out_NDBSP, s, m.shape[0])
+    d_out = d_out if d_above is None else d_out + d_above
     d_out = jnp.where(m, d_out, 0.0)
     return d_out, clipped_gradient(d_out + jnp.where(m, d_h, 0.0), _at_slot(saved.h_LDBSP, s), st.clips.proj)
 
 
-def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlots, st: Stack):
+def _xla_backward_loop(saved: _Saved, d_out_NDBSP, d_h, d_c, slots: _GradientSlots, st: Stack):
     """The backward pass with XLA's cell -> (the initial state's gradients, the slots written)."""
     L, D, B, S, P = saved.in_LDBSP.shape
     skip_L = _skip_L(L, st)
@@ -493,7 +526,7 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         else:  # the input gradient of layers >= 1 goes down a layer, layer 0's out of the stack
             d_in_h = einsum("ldbg,ldqg->ldbq", d_gates, saved.W_loop, st.dtype)
             d_h_prev = d_in_h[..., P:] + jnp.where(m, 0.0, d_h)
-            d_out = _output_gradients(saved, d_out_LDBSP, s, d_h, d_above, st)[0]
+            d_out = _output_gradients(saved, d_out_NDBSP, s, d_h, d_above, st)[0]
             d_in = d_in_h[..., :P] + jnp.where(skip_L, d_out, 0.0)
             d_upper = d_in[1:]
             if saved.keep_UDBSP is not None:
@@ -501,16 +534,16 @@ def _xla_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
             d_above = jnp.concatenate([d_upper, jnp.zeros_like(d_in[:1])])
             slots = slots._replace(d_in=_put_slot(slots.d_in, s, narrow(d_in[:1], slots.d_in.dtype)))
         # Slot s - 1's d_h_raw (unused after slot 0)
-        d_h_raw = _output_gradients(saved, d_out_LDBSP, jnp.maximum(s - 1, 0), d_h_prev, d_above, st)[1]
+        d_h_raw = _output_gradients(saved, d_out_NDBSP, jnp.maximum(s - 1, 0), d_h_prev, d_above, st)[1]
         return d_h_prev, d_c_prev, d_above, narrow(d_h_raw, st.dtype), slots
 
     d_above = jnp.zeros_like(d_h) if L > 1 else None
-    d_h_raw = narrow(_output_gradients(saved, d_out_LDBSP, S - 1, d_h, d_above, st)[1], st.dtype)
+    d_h_raw = narrow(_output_gradients(saved, d_out_NDBSP, S - 1, d_h, d_above, st)[1], st.dtype)
     d_h0, d_c0, _, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_above, d_h_raw, slots), unroll=st.unroll)
     return d_h0, d_c0, slots
 
 
-def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlots, st: Stack):
+def _own_backward_loop(saved: _Saved, d_out_NDBSP, d_h, d_c, slots: _GradientSlots, st: Stack):
     """The backward pass with the cell's and the outputs' gradients as our kernels -> (the
     initial state's gradients, the slots written)."""
     L, D, B, S, P = saved.in_LDBSP.shape
@@ -544,13 +577,13 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
         d_h, d_c, d_h_raw, slots = carry
         d_gate_slots, d_in_h, d_c = cell(i, d_h_raw, d_c, slots)
         d_ins, d_h_raws, d_h, d_h_raw = backward_output(
-            i, d_in_h, d_h, d_h_raw, mask_LBS=ran_LBS, d_out_LDBSP=d_out_LDBSP, h_LDBSP=saved.h_LDBSP,
+            i, d_in_h, d_h, d_h_raw, mask_LBS=ran_LBS, d_out_NDBSP=d_out_NDBSP, h_LDBSP=saved.h_LDBSP,
             keep_UDBSP=keep_8, d_in_LDBSP=slots.d_in, d_h_raw_LDBSP=slots.d_h_raw, clip=st.clips.proj, skip=st.skip,
             rate=rate,
         )  # fmt: skip
         return d_h, d_c, d_h_raw, _GradientSlots(d_gate_slots, d_h_raws, d_ins)
 
-    d_h_raw = narrow(_output_gradients(saved, d_out_LDBSP, S - 1, d_h, jnp.zeros_like(d_h), st)[1], st.dtype)
+    d_h_raw = narrow(_output_gradients(saved, d_out_NDBSP, S - 1, d_h, jnp.zeros_like(d_h), st)[1], st.dtype)
     if st.cell == "fused":  # step i reads d_c at i % 2 and writes it at the other
         d_c = jnp.stack([d_c, jnp.zeros_like(d_c)])
     d_h0, d_c0, _, slots = jax.lax.fori_loop(0, S, step, (d_h, d_c, d_h_raw, slots), unroll=st.unroll)
@@ -558,11 +591,19 @@ def _own_backward_loop(saved: _Saved, d_out_LDBSP, d_h, d_c, slots: _GradientSlo
 
 
 def _wavefront_bwd(st: Stack, saved: _Saved, cotangents):
-    d_out_LDBTP, d_h, d_c = cotangents
+    d_out_NDBTP, d_h, d_c = cotangents
     L, D, B, S, P = saved.in_LDBSP.shape
     T = S - L + 1
-    d_out_LDBSP = _skew(d_out_LDBTP, S, axis=3)
     own_cell = _own_cell(L, st)
+    # Every layer's output gradients, or (`st.top_only`) the top layer's alone (1, D, B, S, P).
+    # Our kernels read it whole: written once, before anything reads it (the top layer's skew is
+    # a pad, which XLA on GPUs fuses into the fusion that reads its last slot before the loop,
+    # computing the gradient's producers, the softmax's gradient and the dropout, there again,
+    # all of whose operands `elmo_jax plan` counts: +126 MB at the original size and 512 rows).
+    # Not for XLA's loop: on TPUs that fusion reads it better (v5p at 128 rows: 43 MB fewer).
+    d_out_NDBSP = _skew(d_out_NDBTP, S, axis=3, first=L - d_out_NDBTP.shape[0])
+    if own_cell:
+        d_out_NDBSP = jax.lax.optimization_barrier(d_out_NDBSP)
     # After the loop, d_gates and d_h_raw are read only by the weight gradients' matmuls, which
     # take them in the compute dtype: kept in it. The bias gradient, their sum, is one more row of
     # W_0's (a column of ones beside its inputs): d_gates are read once.
@@ -573,9 +614,9 @@ def _wavefront_bwd(st: Stack, saved: _Saved, cotangents):
         d_in if L > 1 else None,
     )
     if own_cell:
-        d_h0, d_c0, slots = _own_backward_loop(saved, d_out_LDBSP, d_h, d_c, slots, st)
+        d_h0, d_c0, slots = _own_backward_loop(saved, d_out_NDBSP, d_h, d_c, slots, st)
     else:
-        d_h0, d_c0, slots = _xla_backward_loop(saved, d_out_LDBSP, d_h, d_c, slots, st)
+        d_h0, d_c0, slots = _xla_backward_loop(saved, d_out_NDBSP, d_h, d_c, slots, st)
     d_W_0_b, d_W_proj = _weight_gradients(saved, slots, st)
     if L == 1:
         d_x_DBSP = einsum("dbsg,dpg->dbsp", slots.d_gates[0], saved.W_0[0, :, :P], st.dtype)
