@@ -50,7 +50,9 @@ def main() -> None:
         return jax.grad(lambda p: jnp.sum(encode_tokens(p, chars, config)))(p)
 
     def lstms(p, x):
-        return jax.grad(lambda p: jnp.sum(lstm_stacks(p, x, batch.mask, LSTMState.zeros(config, B), config)[0][-1]))(p)
+        return jax.grad(
+            lambda p: jnp.sum(lstm_stacks(p, x, batch.mask, LSTMState.zeros(config, B), config, top_only=True)[0][-1])
+        )(p)
 
     candidates = jnp.arange(S)
     log_q = jnp.zeros(S)

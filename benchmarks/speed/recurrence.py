@@ -76,7 +76,8 @@ def schedules_seconds(config: ModelConfig, B: int, T: int, dropout: float = 0.1)
         return jax.jit(
             jax.grad(
                 lambda p: jnp.sum(
-                    lstm_stacks(p, x, mask, state, scheduled, keep_masks=keep, dropout=dropout)[0][-1] ** 2
+                    lstm_stacks(p, x, mask, state, scheduled, keep_masks=keep, dropout=dropout, top_only=True)[0][-1]
+                    ** 2
                 )
             )
         )
