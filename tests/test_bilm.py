@@ -284,17 +284,13 @@ def test_the_char_cnn_max_kernel_counts_the_positions_that_tie(tiled, D, monkeyp
     assert 0.05 < (count_NF[:N, :200] > 1).mean() < 0.95
 
 
-def test_the_char_cnn_kernels_refuse_more_positions_than_their_count_holds():
-    """The max kernel counts a max's tied positions in int8: it refuses words of more than 127
-    positions, and `unfit` says why (on a GPU, `char_conv='auto'` then takes XLA's path)."""
-    from elmo_jax.errors import UserError
+def test_the_char_cnn_max_kernel_counts_more_ties_than_int8_holds_in_int32():
+    """Words of 130 positions all tied (zero characters): counted in int32, each 130."""
     from elmo_jax.model import char_kernels
 
-    assert char_kernels.unfit(127, 16, 128, 128, "float32") is None
-    assert "int8: 128 positions" in char_kernels.unfit(128, 16, 128, 128, "float32")
-    chars, bank = jnp.zeros((64, 127 * 16 + 128)), jnp.zeros((128, 128))
-    with pytest.raises(UserError, match="int8: 128 positions.*use char_conv='xla'"):
-        char_kernels.max_and_ties(chars, bank, jnp.zeros(128, jnp.int32), 128, 16, "float32")
+    chars, bank = jnp.zeros((16, 129 * 16 + 128)), jnp.zeros((128, 128))
+    _, count_NF, _ = char_kernels.max_and_ties(chars, bank, jnp.full(128, 129, jnp.int32), 130, 16, "float32")
+    assert count_NF.dtype == jnp.int32 and (np.asarray(count_NF) == 130).all()
 
 
 def _check_char_kernels_against_xla(dtype: str, D: int = 16, widths=((4, 120), (2, 80)), C: int = 40):

@@ -64,7 +64,6 @@ CHUNKS = 8  # the filter gradient's partial sums over words, at most (its grid: 
 TILED_ROWS, TILED_COLUMNS = 256, 512
 LANES = 128  # a TPU block's words (the windows' last dimension) in multiples of these
 VMEM_LIMIT = 48 << 20
-MOST_POSITIONS = 127  # the positions that tie for a max are counted in int8
 
 
 def _divmod(a, b: int):
@@ -289,10 +288,8 @@ def max_and_ties(
     TPU the windows (W, K, N)) and the filter bank (K, F) in `dtype`, each filter's last position
     (F,) int32 (C - width; -1: a padding filter) -> the max over positions of the rounded
     products (N, F) in `dtype` (exact: each is rounded to it), the number of positions that hold
-    it (N, F) int8 (W <= MOST_POSITIONS) and their bits (ceil(W / 32), N, F) uint32. `block`:
+    it (N, F) (`count_dtype(W)`) and their bits (ceil(W / 32), N, F) uint32. `block`:
     (words, filters) of a grid program, by default `chosen_block`'s (as for the kernels below)."""
-    if W > MOST_POSITIONS:
-        raise UserError(f"char_conv='pallas': {_uncountable(W)}: use char_conv='xla'")
     N, K = _sizes(chars, W, D)
     if K != bank_KF.shape[0]:
         raise ValueError(
@@ -300,7 +297,7 @@ def max_and_ties(
         )
     F, M = bank_KF.shape[1], -(-W // 32)
     n_rows, n_columns = _within(block or chosen_block(MAX, W, D, K, F, dtype), N, F)
-    out_shape = (like(chars, (N, F), dtype), like(chars, (N, F), jnp.int8), like(chars, (M, N, F), jnp.uint32))
+    out_shape = (like(chars, (N, F), dtype), like(chars, (N, F), count_dtype(W)), like(chars, (M, N, F), jnp.uint32))
     flops = 2 * W * N * K * F
     if kernel_calls.tiled():  # the bank and last positions read once per block of rows
         return _call(
@@ -501,8 +498,6 @@ def unfit(W: int, D: int, K: int, F: int, dtype: str) -> str | None:
     """Why the kernels cannot run for W positions, K-wide windows of D-wide characters and F
     filters in `dtype` on the device the model is traced for (the first that fits at no block
     size, and the compiler's words for its smallest), or None where each has a block that fits."""
-    if W > MOST_POSITIONS:
-        return _uncountable(W)
     if not kernel_calls.compiled_by_triton():
         return None
     for kernel in KERNELS:
@@ -515,9 +510,9 @@ def unfit(W: int, D: int, K: int, F: int, dtype: str) -> str | None:
     return None
 
 
-def _uncountable(W: int) -> str:
-    """Why the kernels cannot count the ties of W > MOST_POSITIONS positions."""
-    return f"the char CNN kernels count a max's tied positions in int8: {W} positions, at most {MOST_POSITIONS}"
+def count_dtype(W: int):
+    """The dtype of a max's count of tied positions among W: int8 where it holds W, else int32."""
+    return jnp.int8 if W <= jnp.iinfo(jnp.int8).max else jnp.int32
 
 
 def _refusal(kernel: str, block: Block, W: int, D: int, K: int, F: int, dtype: str) -> str | None:
