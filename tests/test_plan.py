@@ -677,7 +677,8 @@ def test_a_slot_written_beside_another_result_and_a_slot_read_by_a_nested_fusion
     assert read.bytes == 256 * 1024 * 2 + 4 * 1024 * 2 + 4  # the weights, one slot of the gates, its index
 
 
-# Two in-place scatters of 64 rows into a table, fused: one sets the rows, one adds to them.
+# Three in-place scatters of 64 rows into a table: fused, one sets the rows and one adds to
+# them; one adds, unfused.
 SCATTERS = """
 %set (old: f32[], new: f32[]) -> f32[] {
   %old = f32[] parameter(0)
@@ -709,7 +710,8 @@ ENTRY %e (t: f32[4096,512], i: s32[64,1], r: f32[64,512]) -> f32[4096,512] {
   %i = s32[64,1]{1,0} parameter(1)
   %r = f32[64,512]{1,0} parameter(2)
   %s = f32[4096,512]{1,0} fusion(%t, %i, %r), kind=kInput, calls=%set_rows
-  ROOT %a = f32[4096,512]{1,0} fusion(%s, %i, %r), kind=kInput, calls=%add_rows
+  %a = f32[4096,512]{1,0} fusion(%s, %i, %r), kind=kInput, calls=%add_rows
+  ROOT %u = f32[4096,512]{1,0} scatter(%a, %i, %r), to_apply=%add
 }
 """
 
@@ -717,9 +719,9 @@ ENTRY %e (t: f32[4096,512], i: s32[64,1], r: f32[64,512]) -> f32[4096,512] {
 def test_a_scatter_that_adds_reads_the_rows_it_updates():
     """Both read their 64 rows and ids and write 64 rows of the table; the add reads those rows
     of the table too (Adagrad's sparse update of the softmax table, and its gradient)."""
-    put, added = Program(SCATTERS, "cuda").kernels()
+    put, added, unfused = Program(SCATTERS, "cuda").kernels()
     rows, ids = 64 * 512 * 4, 64 * 4
-    assert (put.bytes, added.bytes) == (2 * rows + ids, 3 * rows + ids)
+    assert (put.bytes, added.bytes, unfused.bytes) == (2 * rows + ids, 3 * rows + ids, 3 * rows + ids)
 
 
 # A fusion gathers 64 rows of a table (zero where the id is out of range), gathers 64 rows of

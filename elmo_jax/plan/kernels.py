@@ -10,13 +10,14 @@ arithmetic outside fusions (the loop counters: its scalar unit runs them beside 
 A loop's trip count is read by `trips.trip_count`.
 
 A kernel's bytes are its operands plus its results, except where it touches less: an operand
-that the fusion only slices (itself or in a fusion nested in it) counts as the slices it reads;
-a fusion whose results slice what it computes reads that share of its operands; a buffer
-updated in place (dynamic-update-slice, scatter) counts as the update written, whatever other
-results the fusion has, and read too where a scatter adds its update to the old values. Only
-arrays in device memory count (a TPU keeps many in its on-chip memory, memory space S(1), and
-moves them there and back with DMAs). An async fusion
-(fusion-start, fusion-done) is one kernel, counted as the fusion it wraps. Elementwise
+that the fusion only slices or gathers (itself or in a fusion nested in it) counts as the
+elements of those slices that the fusion keeps (a slice or gather of them further on keeps
+fewer); a fusion whose results slice what it computes reads that share of its operands; a
+buffer updated in place (dynamic-update-slice, scatter) counts as the update written, whatever
+other results the fusion has, and read too where a scatter adds its update to the old values.
+Only arrays in device memory count (a TPU keeps many in its on-chip memory, memory space S(1),
+and moves them there and back with DMAs). An async fusion (fusion-start, fusion-done) is one
+kernel, counted as the fusion it wraps. Elementwise
 arithmetic is not counted in FLOPs (a few per byte: memory-bound anyway). A convolution counts
 the multiplications of its window that meet the input, not padding nor the holes of a dilated
 input (TPU programs write batched matmuls and weight gradients as such convolutions)."""
@@ -56,8 +57,9 @@ IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # ops that update operand 
 VIEW_OPS = {"bitcast", "reshape", "get-tuple-element"}
 # Ops whose result's element i is computed from their operands' elements i alone.
 ELEMENTWISE = {
-    *("convert", "select", "compare", "clamp", "add", "subtract", "multiply", "divide", "maximum", "minimum"),
-    *("negate", "abs", "exponential", "log", "sqrt", "rsqrt", "tanh", "logistic", "power", "and", "or", "not"),
+    *("convert", "copy", "select", "compare", "clamp", "add", "subtract", "multiply", "divide", "maximum"),
+    *("minimum", "negate", "abs", "sign", "floor", "ceil", "exponential", "exponential-minus-one", "log"),
+    *("log-plus-one", "sqrt", "rsqrt", "tanh", "logistic", "power", "and", "or", "xor", "not", "is-finite"),
 }
 # Named scopes of the train step (jax.named_scope / the jitted functions' names), by priority.
 PARTS = ("lstm", "token_encoder", "softmax", "sampler", "optimizer")
@@ -481,6 +483,8 @@ class Program:
             the ops element by element on it keep (through views), 1 where anything else takes
             it (a result of the fusion, a reduction, a product)."""
             total, size = 0.0, math.prod(_dims(by_name[name].type))
+            if size == 0:
+                return 1.0
             for use, operand in through_views(name):
                 if use.opcode in SLICING_OPS and use.operands[0] == operand:
                     total += math.prod(_dims(use.type)) / size * kept(use.name)
