@@ -152,14 +152,14 @@ def _used_rows(table: dict, used: dict) -> tuple[dict, dict]:
     )
 
 
-def _cross_entropy(h_NP, table, used: dict, d: int, *, config: ModelConfig, vocab_size: int | None):
+def _cross_entropy(h_NP, rows, used: dict, d: int, *, config: ModelConfig, vocab_size: int | None):
     """Direction d's per-position cross entropy (N,): sampled against `used`'s candidates
-    (`table`: `_used_rows`' pair), or (vocab_size given) the full softmax over the table's first
-    vocab_size rows."""
+    (`rows`: `_used_rows`' pair), or (vocab_size given) the full softmax over the first
+    vocab_size rows of the table (`rows`: {W, b})."""
     targets_N = used["targets"][d].reshape(-1)
     if vocab_size is not None:
-        return full_softmax_ce(h_NP, targets_N, table["W"], table["b"], vocab_size, config.compute_dtype)
-    candidates, targets = table
+        return full_softmax_ce(h_NP, targets_N, rows["W"], rows["b"], vocab_size, config.compute_dtype)
+    candidates, targets = rows
     return gathered_softmax_ce(
         h_NP,
         targets_N,
