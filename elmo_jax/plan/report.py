@@ -214,7 +214,8 @@ def _fused_lines(lstm_cell: str) -> list[str]:
     return [
         "lstm_cell=fused: its backward kernel reads W's part from L2 once per 32-row block and computes a block's "
         "gradients again for each of 8 blocks of the product's columns, which neither the bytes nor the FLOPs "
-        "here count; not the default until benchmarks/gpu.sh has timed it on a GPU"
+        "here count: its expected time is optimistic (docs/PERFORMANCE.md); not the default until "
+        "benchmarks/gpu.sh has timed it on a GPU"
     ]
 
 
